@@ -1,0 +1,23 @@
+"""paged_ref: the reference implementation of the paged attention course.
+
+Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManager`,
+:class:`PagedKVCache`. Attention: :func:`paged_attention` with backends ``"torch"``,
+``"triton"``, ``"triton_split"`` and ``"auto"``. Layouts are in DESIGN.md and the docstrings.
+"""
+
+# Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.
+from paged_ref import _device  # noqa: I001
+from paged_ref.allocator import BlockAllocator, OutOfBlocksError
+from paged_ref.attention import BACKENDS, paged_attention
+from paged_ref.manager import KVCacheManager
+from paged_ref.storage import PagedKVCache
+
+__all__ = [
+    "BACKENDS",
+    "BlockAllocator",
+    "KVCacheManager",
+    "OutOfBlocksError",
+    "PagedKVCache",
+    "paged_attention",
+]
+__version__ = "0.1.0"

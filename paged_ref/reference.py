@@ -1,0 +1,134 @@
+"""The ``torch`` backend: gather K/V through the block table, then dense attention.
+
+Three functions, from most to least obviously correct:
+
+* :func:`paged_attention_reference` — float64, one token at a time in Python: the answer every
+  backend is checked against.
+* :func:`contiguous_attention` — attention over ordinary ``[batch, max_len, heads, dim]`` K/V
+  (what you would write with no paging), for comparison.
+* :func:`paged_attention_torch` — the ``backend="torch"`` implementation: gather the cached
+  K/V into contiguous tensors (a full copy of every cached token), then attend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """``scale`` if given, else ``head_dim ** -0.5``."""
+    return head_dim**-0.5 if scale is None else float(scale)
+
+
+def token_slots(block_table: list[int], seq_len: int, block_size: int) -> list[int]:
+    """Slots of tokens ``0 .. seq_len-1`` of one sequence: ``block * block_size + offset``."""
+    return [block_table[t // block_size] * block_size + t % block_size for t in range(seq_len)]
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode attention in float64, written for clarity, not speed.
+
+    q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D];
+    block_tables [B, max_blocks] int; seq_lens [B] int.
+    Returns float64 [B, Hq, D] on the CPU; rows with ``seq_len == 0`` are zeros.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    batch, num_q_heads, _ = q.shape
+    group = num_q_heads // num_kv_heads
+    scale = default_scale(head_dim, scale)
+    k_flat = k_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
+    q64 = q.detach().to("cpu", torch.float64)
+    out = torch.zeros(batch, num_q_heads, head_dim, dtype=torch.float64)
+    for b in range(batch):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        slots = torch.tensor(token_slots(block_tables[b].tolist(), n, block_size))
+        for h in range(num_q_heads):
+            kv_head = h // group
+            k = k_flat[slots, kv_head]  # [n, D]
+            v = v_flat[slots, kv_head]
+            p = torch.softmax((k @ q64[b, h]) * scale, dim=0)  # [n]
+            out[b, h] = p @ v
+    return out
+
+
+def gather_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Copy every cached token into contiguous K/V.
+
+    Returns k, v [B, max_len, Hkv, D] (positions past a sequence's length hold an arbitrary
+    cached token) and ``valid`` [B, max_len] bool. Table entries past a sequence's used blocks
+    are never dereferenced.
+    """
+    block_size = k_cache.shape[1]
+    pos = torch.arange(max_len, device=k_cache.device)
+    valid = pos[None, :] < seq_lens[:, None].long()  # [B, max_len]
+    block = block_tables.long()[:, pos // block_size]  # [B, max_len] physical block per token
+    block = torch.where(valid, block, 0)  # never follow an unused entry
+    slots = block * block_size + pos % block_size
+    k = k_cache.flatten(0, 1)[slots]  # [B, max_len, Hkv, D]
+    v = v_cache.flatten(0, 1)[slots]
+    return k, v, valid
+
+
+def contiguous_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Masked decode attention over contiguous K/V, float32 accumulation, GQA by head groups.
+
+    q [B, Hq, D]; k, v [B, L, Hkv, D]; valid [B, L] bool (False = masked out).
+    Returns [B, Hq, D] in q's dtype; rows with no valid token are zeros.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_q_heads // num_kv_heads
+    scale = default_scale(head_dim, scale)
+    qg = q.float().view(batch, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bhgd,bthd->bhgt", qg, k.float()) * scale  # [B, Hkv, G, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    # softmax of an all -inf row is NaN: give empty rows weight 0 instead.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    v = torch.where(valid[:, :, None, None], v.float(), 0.0)  # unused slots may hold NaN
+    out = torch.einsum("bhgt,bthd->bhgd", probs, v)
+    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    max_len: int | None = None,
+) -> torch.Tensor:
+    """``backend="torch"``: gather through the block table, then :func:`contiguous_attention`.
+
+    Inputs are assumed valid (``paged_attention`` checks them). ``max_len`` is the longest
+    sequence; pass it when you know it to avoid reading ``seq_lens`` back from the device.
+    """
+    if max_len is None:
+        max_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_len)
+    return contiguous_attention(q, k, v, valid, scale=scale)

@@ -1,0 +1,126 @@
+"""Fresh random paged-attention inputs, built the way a serving engine leaves its cache.
+
+Tests, notebooks and the benchmark all draw inputs here, so every kernel is checked on the
+same kinds of traps: ragged lengths, shuffled physical blocks, garbage in unused table entries
+and in the unused slots of the cache (random large values, or NaN), never ``arange`` or zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from paged_ref.reference import paged_attention_reference
+
+#: Values written into cache slots that no sequence owns: a kernel that reads them gives
+#: visibly wrong numbers ("large") or NaN ("nan").
+POISON_VALUES = ("large", "nan")
+
+
+@dataclass
+class PagedInputs:
+    """One decode step's inputs in the layout of DESIGN.md.
+
+    q:            [batch, num_q_heads, head_dim]
+    k_cache:      [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache:      same as k_cache
+    block_tables: [batch, max_blocks_per_seq] int32; entries past a sequence's blocks are garbage
+    seq_lens:     [batch] int32
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """Positional arguments for ``paged_attention``."""
+        return self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens
+
+    def reference(self, scale: float | None = None) -> torch.Tensor:
+        """The float64 answer, [batch, num_q_heads, head_dim]."""
+        return paged_attention_reference(*self.args(), scale=scale)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V that a decode step must read: every cached token, both caches."""
+        per_token = 2 * self.k_cache.shape[2] * self.k_cache.shape[3] * self.k_cache.element_size()
+        return int(self.seq_lens.sum().item()) * per_token
+
+
+def make_paged_inputs(
+    seq_lens: list[int],
+    *,
+    num_q_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    spare_blocks: int = 3,
+    spare_columns: int = 1,
+    poison: str = "large",
+) -> PagedInputs:
+    """Random decode inputs for sequences of the given lengths.
+
+    Physical blocks are handed out in a shuffled order (so a kernel that ignores the table
+    fails), ``spare_blocks`` blocks belong to no sequence, and each table row has
+    ``spare_columns`` extra entries. Unused table entries hold -1, huge values and
+    random ids. Slots no sequence owns hold ``poison`` ("large": values around 1e3;
+    "nan": NaN).
+    """
+    if poison not in POISON_VALUES:
+        raise ValueError(f"poison must be one of {POISON_VALUES}, got {poison!r}")
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(n) for n in seq_lens]
+    blocks_per_seq = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    width = max(blocks_per_seq, default=0) + spare_columns
+    batch = len(lens)
+
+    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    q = torch.randn(batch, num_q_heads, head_dim, generator=gen)
+
+    # Garbage everywhere first, then the real block ids in a shuffled order.
+    garbage = torch.randint(-(2**31), 2**31 - 1, (batch, max(width, 1)), generator=gen)
+    garbage[:, ::3] = -1
+    garbage[:, 1::3] = num_blocks + torch.randint(0, 2**20, (batch, 1), generator=gen)
+    table = garbage[:, :width].clone()
+    owned = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+    order = torch.randperm(num_blocks, generator=gen)
+    next_block = 0
+    for b, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
+        ids = order[next_block : next_block + nb]
+        next_block += nb
+        table[b, :nb] = ids
+        for j, block in enumerate(ids.tolist()):
+            owned[block, : min(block_size, n - j * block_size)] = True
+
+    fill = float("nan") if poison == "nan" else 1e3
+    poison_k = torch.rand(num_blocks, block_size, num_kv_heads, head_dim, generator=gen) * fill
+    poison_v = torch.rand(num_blocks, block_size, num_kv_heads, head_dim, generator=gen) * fill
+    free = ~owned[:, :, None, None]
+    k = torch.where(free, poison_k, k)
+    v = torch.where(free, poison_v, v)
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    return PagedInputs(
+        q=put(q),
+        k_cache=put(k),
+        v_cache=put(v),
+        block_tables=table.to(device=device, dtype=torch.int32).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+    )
+
+
+def ragged_lengths(batch: int, low: int, high: int, seed: int = 0) -> list[int]:
+    """``batch`` lengths drawn uniformly from ``[low, high]`` with a fixed seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (batch,), generator=gen).tolist()
