@@ -106,8 +106,10 @@ def contiguous_attention(
     qg = q.float().view(batch, num_kv_heads, group, head_dim)
     scores = torch.einsum("bhgd,bthd->bhgt", qg, k.float()) * scale  # [B, Hkv, G, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    # softmax of an all -inf row is NaN: give empty rows weight 0 instead.
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    # softmax of an all -inf row is NaN: give empty rows weight 0 instead (only those rows, so
+    # a NaN in a real token still shows up in the output rather than being zeroed).
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.where(valid.any(dim=-1)[:, None, None, None], probs, 0.0)
     v = torch.where(valid[:, :, None, None], v.float(), 0.0)  # unused slots may hold NaN
     out = torch.einsum("bhgt,bthd->bhgd", probs, v)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
