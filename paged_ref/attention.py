@@ -34,15 +34,22 @@ def _check_triton_usable(backend: str, q: torch.Tensor) -> None:
         )
 
 
-def choose_backend(q: torch.Tensor, seq_lens: torch.Tensor, max_len: int) -> str:
-    """What ``backend="auto"`` runs: ``"torch"`` on a CPU (the interpreter is for learning),
-    else ``"triton_split"`` when the split heuristic wants more than one chunk, else
-    ``"triton"``."""
+def split_plan_for(q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor, max_len: int):
+    """The split-KV plan for these inputs on this device (reads the total length back)."""
+    from paged_ref.triton_split import num_multiprocessors, plan_split
+
+    return plan_split(
+        batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=max_len,
+        total_tokens=int(seq_lens.sum()), num_sms=num_multiprocessors(q.device),
+    )
+
+
+def choose_backend(q: torch.Tensor, plan) -> str:
+    """What ``backend="auto"`` runs: ``"torch"`` off the GPU (the interpreter is for learning,
+    not speed); on a GPU ``"triton_split"`` when the split plan has more than one chunk,
+    else the one-pass ``"triton"``."""
     if q.device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET:
         return "torch"
-    from paged_ref.triton_split import plan_split
-
-    plan = plan_split(seq_lens, max_len=max_len, num_kv_heads=None, batch=q.shape[0])
     return "triton_split" if plan.num_chunks > 1 else "triton"
 
 
@@ -73,8 +80,11 @@ def paged_attention(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
     max_len = check_values(block_tables, seq_lens, shapes)
-    if backend == "auto":
-        backend = choose_backend(q, seq_lens, max_len)
+    if backend == "auto" and q.device.type == "cuda" and _device.HAS_TRITON:
+        plan = split_plan_for(q, k_cache, seq_lens, max_len)
+        backend = choose_backend(q, plan)
+    elif backend == "auto":
+        backend = "torch"
     if backend == "torch":
         return paged_attention_torch(
             q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=max_len
@@ -87,5 +97,6 @@ def paged_attention(
     from paged_ref.triton_split import paged_attention_split
 
     return paged_attention_split(
-        q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=max_len
+        q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+        plan=split_plan_for(q, k_cache, seq_lens, max_len),
     )

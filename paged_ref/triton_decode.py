@@ -1,0 +1,197 @@
+"""``backend="triton"``: a one-pass Triton paged decode kernel.
+
+One program per (sequence, KV head). It loads the queries of every query head that shares this
+KV head (the GQA group), then walks the sequence ``TILE`` tokens at a time: look up each
+token's physical block in the block table, load those K rows straight from the paged cache,
+score them with one ``tl.dot`` for the whole group, and fold them into an online softmax
+(running max ``m``, running sum ``l``, running weighted sum ``acc``). Each K/V byte is read once
+and nothing is copied.
+
+The token loop lives in :func:`attend_tokens`, which the split-KV kernel
+(:mod:`paged_ref.triton_split`) reuses on a chunk of the sequence.
+
+Scores are kept in base 2 (``exp2``), so the softmax's running max and the log-sum-exp that
+the split kernel writes are in log2 units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from paged_ref import _device
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape: ``tile`` tokens per loop step, warps per program, pipeline depth."""
+
+    tile: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def attend_tokens(
+    q,  # [GROUP_PAD, HEAD_DIM_PAD] queries of one GQA group, cache dtype (padded rows are 0)
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,  # block_tables[b] (int32)
+    kv_head,
+    start,  # first token (inclusive)
+    end,  # last token (exclusive); start < end
+    qk_scale,  # softmax scale * log2(e)
+    stride_kb,  # cache strides in elements: block, token-in-block, head
+    stride_kt,
+    stride_kh,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """Online softmax over tokens [start, end) of one sequence for one GQA group.
+
+    Returns (acc [GROUP_PAD, HEAD_DIM_PAD] fp32 unnormalised, m [GROUP_PAD] running max in
+    log2 units, l [GROUP_PAD] running sum of 2^(score - m)).
+    """
+    offs_t = tl.arange(0, TILE)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    for t0 in range(start, end, TILE):
+        tok = t0 + offs_t
+        t_mask = tok < end
+        # Logical -> physical: which block holds each token, and where in it.
+        block = tl.load(table_row_ptr + tok // BLOCK_SIZE, mask=t_mask, other=0)
+        row = block.to(tl.int64) * stride_kb + (tok % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_UPCAST:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        scores = tl.where(t_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, TILE]
+        # Online softmax: rescale what we have by 2^(m_old - m_new), then add this tile.
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def load_group_queries(
+    q_ptr, b, kv_head, stride_qb, stride_qh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """Queries of the GROUP query heads that read ``kv_head``: [GROUP_PAD, HEAD_DIM_PAD]
+    (padded rows and columns are 0)."""
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    heads = kv_head * GROUP + offs_g
+    mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def paged_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, stride_kb, stride_kt, stride_kh,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    q = load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh,
+                           GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD)
+    if DOT_UPCAST:
+        q = q.to(tl.float32)
+    acc, m, l = attend_tokens(
+        q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
+        0, seq_len, qk_scale, stride_kb, stride_kt, stride_kh,
+        BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+    )
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty sequence gives zeros, not NaN
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    heads = kv_head * GROUP + offs_g
+    mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_constants(q: torch.Tensor, k_cache: torch.Tensor, scale: float | None) -> dict:
+    """Compile-time sizes shared by the one-pass and split kernels."""
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    # Triton 3.6's interpreter gives garbage for tl.dot on bfloat16 operands: there, and only
+    # there, the kernels multiply in float32 (the loads and the bytes moved stay bfloat16).
+    upcast = _device.INTERPRET and q.dtype == torch.bfloat16
+    return dict(
+        qk_scale=scale * LOG2E,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        # fp32 caches: exact fp32 products (the default, tf32, would miss 1e-5)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
+        DOT_UPCAST=upcast,
+    )
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    config: KernelConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch :func:`paged_decode_kernel`. Inputs as in ``paged_attention`` (already checked).
+
+    Returns [batch, num_q_heads, head_dim] in q's dtype. ``out`` may be given to skip the
+    allocation (the benchmark does).
+    """
+    config = config or KernelConfig()
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    consts = launch_constants(q, k_cache, scale)
+    paged_decode_kernel[(batch, num_kv_heads)](
+        out, q, k_cache, v_cache, block_tables, seq_lens, consts.pop("qk_scale"),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
+    )
+    return out
+
+
+__all__ = ["KernelConfig", "attend_tokens", "paged_attention_triton", "paged_decode_kernel"]

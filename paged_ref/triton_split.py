@@ -1,0 +1,219 @@
+"""``backend="triton_split"``: split-KV (flash-decoding) with a log-sum-exp merge.
+
+One program per (sequence, KV head) gives only ``batch x num_kv_heads`` programs: 8 for one
+long sequence with 8 KV heads, on a GPU with 132 multiprocessors. Split-KV cuts each sequence
+into chunks of ``chunk_size`` tokens and runs one program per (sequence, KV head, chunk):
+
+* stage 1 (:func:`split_kv_kernel`): each program runs the online softmax of
+  :func:`paged_ref.triton_decode.attend_tokens` over its chunk and writes the normalised partial
+  output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
+* stage 2 (:func:`merge_kernel`): ``out = sum_c w_c o_c`` with
+  ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``.
+
+:func:`plan_split` picks ``chunk_size`` from the batch, the KV heads, the lengths and the
+number of multiprocessors; it depends only on those numbers, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from paged_ref.triton_decode import (
+    KernelConfig,
+    attend_tokens,
+    launch_constants,
+    load_group_queries,
+)
+
+#: Aim for this many programs per multiprocessor, so every SM stays busy to the end.
+PROGRAMS_PER_SM = 4
+#: Never split finer than this many tokens: each chunk costs a partial write and a merge read.
+MIN_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How the sequences are cut: ``num_chunks`` chunks of ``chunk_size`` tokens (the last
+    chunk of a sequence may be short; chunks past a sequence's end do nothing)."""
+
+    chunk_size: int
+    num_chunks: int
+
+
+def num_multiprocessors(device: torch.device | str | None = None) -> int:
+    """Streaming multiprocessors of the CUDA device (132 on an H100/H200 SXM); 132 on a CPU,
+    so that plans made in the interpreter look like the ones made on a GPU."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        return torch.cuda.get_device_properties(device or 0).multi_processor_count
+    return 132
+
+
+def plan_split(
+    *,
+    batch: int,
+    num_kv_heads: int,
+    max_len: int,
+    total_tokens: int,
+    num_sms: int = 132,
+    tile: int = 64,
+    programs_per_sm: int = PROGRAMS_PER_SM,
+    min_chunk: int = MIN_CHUNK,
+) -> SplitPlan:
+    """Chunk size and count for ``batch`` sequences of ``total_tokens`` tokens in all.
+
+    If ``batch x num_kv_heads`` programs already fill the GPU, do not split (one chunk).
+    Otherwise cut the work (``total_tokens x num_kv_heads`` token-heads) into about
+    ``num_sms x programs_per_sm`` equal chunks, no smaller than ``min_chunk`` tokens, rounded up
+    to a multiple of ``tile``. Short sequences in a ragged batch simply use fewer chunks.
+    """
+    if max_len <= 0 or batch * num_kv_heads >= num_sms * programs_per_sm:
+        return SplitPlan(chunk_size=max(max_len, 1), num_chunks=1)
+    target = num_sms * programs_per_sm
+    chunk = triton.cdiv(total_tokens * num_kv_heads, target)
+    chunk = max(min_chunk, triton.cdiv(chunk, tile) * tile)
+    num_chunks = triton.cdiv(max_len, chunk)
+    if num_chunks == 1:
+        chunk = max_len
+    return SplitPlan(chunk_size=chunk, num_chunks=num_chunks)
+
+
+@triton.jit
+def split_kv_kernel(
+    part_out_ptr,  # [batch, num_q_heads, num_chunks, HEAD_DIM] fp32, normalised partial outputs
+    part_lse_ptr,  # [batch, num_q_heads, num_chunks] fp32, log2-sum-exp of each chunk
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale, chunk_size,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kt, stride_kh,
+    num_q_heads, num_chunks,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    c = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = c * chunk_size
+    if start < seq_len:  # chunks past the end of this sequence have nothing to do
+        end = tl.minimum(start + chunk_size, seq_len)
+        q = load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh,
+                               GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD)
+        if DOT_UPCAST:
+            q = q.to(tl.float32)
+        acc, m, l = attend_tokens(
+            q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
+            start, end, qk_scale, stride_kb, stride_kt, stride_kh,
+            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+        )
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        heads = kv_head * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        row = (b * num_q_heads + heads) * num_chunks + c  # [GROUP_PAD] index into part_lse
+        tl.store(part_lse_ptr + row, m + tl.log2(l), mask=g_mask)
+        ptrs = part_out_ptr + row[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
+        tl.store(ptrs, acc / l[:, None], mask=g_mask[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def merge_kernel(
+    out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr, chunk_size,
+    stride_ob, stride_oh, num_q_heads, num_chunks,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
+):
+    """Grid (batch, num_q_heads): out = sum_c 2^(lse_c - lse) o_c over the sequence's chunks.
+
+    Two passes over the sequence's chunks, CHUNK_TILE at a time: the largest lse, then the
+    weighted sum (weights relative to the largest, so 2^x never overflows).
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
+    offs_c = tl.arange(0, CHUNK_TILE)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    row = (b * num_q_heads + h) * num_chunks
+    lane_max = tl.full([CHUNK_TILE], float("-inf"), dtype=tl.float32)
+    for c0 in range(0, used, CHUNK_TILE):
+        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c0 + offs_c < used,
+                      other=float("-inf"))
+        lane_max = tl.maximum(lane_max, lse)
+    lse_max = tl.max(lane_max, axis=0)
+    total = tl.zeros([CHUNK_TILE], dtype=tl.float32)
+    acc = tl.zeros([CHUNK_TILE, HEAD_DIM_PAD], dtype=tl.float32)
+    for c0 in range(0, used, CHUNK_TILE):
+        c_mask = c0 + offs_c < used
+        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c_mask, other=float("-inf"))
+        w = tl.where(c_mask, tl.exp2(lse - lse_max), 0.0)
+        parts = tl.load(
+            part_out_ptr + (row + c0 + offs_c)[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :],
+            mask=c_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        acc += parts * w[:, None]
+        total += w
+    denom = tl.sum(total, axis=0)
+    out = tl.sum(acc, axis=0) / tl.where(denom > 0, denom, 1.0)  # empty sequence -> zeros
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=d_mask)
+
+
+def paged_attention_split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    plan: SplitPlan | None = None,
+    max_len: int | None = None,
+    config: KernelConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Split-KV decode. Inputs as in ``paged_attention`` (already checked).
+
+    ``plan`` fixes the chunking (else :func:`plan_split` is called, which reads the lengths
+    back from the device). Returns [batch, num_q_heads, head_dim] in q's dtype.
+    """
+    config = config or KernelConfig()
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if plan is None:
+        if max_len is None:
+            max_len = int(seq_lens.max())
+        plan = plan_split(
+            batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+            total_tokens=int(seq_lens.sum()), num_sms=num_multiprocessors(q.device),
+            tile=config.tile,
+        )
+    consts = launch_constants(q, k_cache, scale)
+    qk_scale = consts.pop("qk_scale")
+    part_out = torch.empty(batch, num_q_heads, plan.num_chunks, head_dim,
+                           dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(batch, num_q_heads, plan.num_chunks,
+                           dtype=torch.float32, device=q.device)
+    split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
+        part_out, part_lse, q, k_cache, v_cache, block_tables, seq_lens, qk_scale,
+        plan.chunk_size,
+        q.stride(0), q.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        num_q_heads, plan.num_chunks,
+        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
+    )
+    merge_kernel[(batch, num_q_heads)](
+        out, part_out, part_lse, seq_lens, plan.chunk_size,
+        out.stride(0), out.stride(1), num_q_heads, plan.num_chunks,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
+        CHUNK_TILE=16, num_warps=4,
+    )
+    return out
