@@ -1,0 +1,455 @@
+"""Pictures of block tables and KV memory, and an interactive block-table explorer.
+
+Every picture is drawn by a pure function that returns a :class:`matplotlib.figure.Figure`
+(never shown, never registered with pyplot), so a notebook displays it as a cell's value and
+the same image appears on GitHub, in nbconvert HTML and in CI:
+
+    draw_block_tables(manager)                          # requests -> blocks, the block pool
+    draw_contiguous_vs_paged([7, 3, 12], max_len=16, block_size=4)
+    draw_token_lookup([5, 2, 7], seq_len=11, block_size=4, token=9)
+
+:class:`BlockTableExplorer` wraps a :class:`paged_ref.KVCacheManager` in ipywidgets buttons;
+its actions are plain methods (``start``, ``add_token``, ``add_tokens``, ``step``, ``finish``,
+``reset``) that work without a display.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Hashable, Sequence
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.patches import ConnectionPatch, FancyArrowPatch, Rectangle
+
+from paged_ref.allocator import OutOfBlocksError
+from paged_ref.manager import KVCacheManager
+
+#: Colours for requests (tab10 without its grey, which marks free blocks).
+PALETTE = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]
+FREE_COLOR = "#d9d9d9"
+EMPTY_COLOR = "#ffffff"
+
+
+def seq_color(seq_id: Hashable):
+    """The colour of request ``seq_id``: fixed per id, so it stays put as others come and go."""
+    if isinstance(seq_id, int) and not isinstance(seq_id, bool):
+        index = seq_id
+    else:
+        index = zlib.crc32(str(seq_id).encode())
+    return PALETTE[index % len(PALETTE)]
+
+
+def _draw_block(ax, x, y, width, height, filled, block_size, color, *, gid, edge=None):
+    """A block as ``block_size`` slot cells, the first ``filled`` of them coloured.
+
+    Returns the outline rectangle (its gid is ``gid``). For block sizes over 16 the filled
+    part is one bar instead of separate cells.
+    """
+    edge = edge or color
+    if block_size <= 16:
+        cell = width / block_size
+        for s in range(block_size):
+            ax.add_patch(Rectangle((x + s * cell, y), cell, height, linewidth=0.4,
+                                   facecolor=color if s < filled else EMPTY_COLOR,
+                                   edgecolor="white" if s < filled else "#bbbbbb"))
+    else:
+        ax.add_patch(Rectangle((x, y), width * filled / block_size, height, linewidth=0,
+                               facecolor=color))
+    outline = Rectangle((x, y), width, height, facecolor="none", edgecolor=edge, linewidth=1.6)
+    outline.set_gid(gid)
+    ax.add_patch(outline)
+    return outline
+
+
+def draw_block_tables(manager: KVCacheManager, *, title: str | None = None,
+                      pool_columns: int = 8, arrows: bool | None = None) -> Figure:
+    """Each request's block table (logical -> physical) next to the physical block pool.
+
+    Left: one row per request (oldest first), its logical blocks in order, each labelled with
+    the physical block it maps to and drawn as ``block_size`` slots, filled ones coloured.
+    Right: the pool, ``pool_columns`` blocks per row, free blocks grey, used blocks in their
+    request's colour with ``filled/block_size`` written under the id. ``arrows`` (default: when
+    at most 24 blocks are used) joins each logical block to its physical block.
+
+    The title gives the live numbers from ``manager.stats()``. Outlines carry gids
+    ``"logical:<seq_id>:<j>"`` and ``"pool:<block_id>"`` so tests can find them.
+    """
+    st = manager.stats()
+    bs, nb = manager.block_size, manager.num_blocks
+    seqs = manager.seq_ids
+    tables = {s: manager.block_table(s) for s in seqs}
+    lens = {s: manager.seq_len(s) for s in seqs}
+    owner: dict[int, Hashable] = {}
+    filled: dict[int, int] = {}
+    for s in seqs:
+        for j, b in enumerate(tables[s]):
+            owner[b] = s
+            filled[b] = min(bs, max(0, lens[s] - j * bs))
+    if arrows is None:
+        arrows = st.blocks_used <= 24
+
+    max_logical = max([len(t) for t in tables.values()] + [3])
+    pool_rows = -(-nb // pool_columns)
+    rows = max(len(seqs), pool_rows, 1)
+    pitch = 1.3  # vertical distance between rows, in data units
+    height = max(2.6, 0.62 * rows + 1.6)
+    fig = Figure(figsize=(12, height), layout="constrained")
+    left_w, right_w = max_logical * 1.2 + 2.0, pool_columns * 1.2
+    ax_t, ax_p = fig.subplots(1, 2, width_ratios=[left_w, right_w])
+
+    # Left: block tables, one row per request.
+    for row, s in enumerate(seqs):
+        y = -row * pitch
+        color = seq_color(s)
+        ax_t.text(-0.15, y + 0.35, f"req {s}\n{lens[s]} tok", ha="right", va="center",
+                  fontsize=9, color=color, fontweight="bold")
+        for j, b in enumerate(tables[s]):
+            _draw_block(ax_t, j * 1.2, y, 1.0, 0.7, filled[b], bs, color,
+                        gid=f"logical:{s}:{j}")
+            ax_t.text(j * 1.2 + 0.5, y + 0.78, f"→{b}", ha="center", va="bottom", fontsize=8)
+        if not tables[s]:
+            ax_t.text(0, y + 0.35, "(no blocks yet)", va="center", fontsize=8, color="grey")
+    ax_t.set_xlim(-2.0, max_logical * 1.2)
+    ax_t.set_ylim(-(rows - 1) * pitch - 0.2, 1.3)
+    ax_t.set_title("block tables: logical block j → physical block id", fontsize=10)
+    ax_t.axis("off")
+    if not seqs:
+        ax_t.text(0.5, 0.5, "no requests", transform=ax_t.transAxes, ha="center", color="grey")
+
+    # Right: the physical pool.
+    for b in range(nb):
+        x, y = (b % pool_columns) * 1.2, -(b // pool_columns) * pitch
+        if b in owner:
+            color = seq_color(owner[b])
+            _draw_block(ax_p, x, y, 1.0, 0.7, filled[b], bs, color, gid=f"pool:{b}")
+            label = f"{b}: {filled[b]}/{bs}"
+        else:
+            box = Rectangle((x, y), 1.0, 0.7, facecolor=FREE_COLOR, edgecolor="#aaaaaa")
+            box.set_gid(f"pool:{b}")
+            ax_p.add_patch(box)
+            label = f"{b}: free"
+        ax_p.text(x + 0.5, y + 0.78, label, ha="center", va="bottom", fontsize=7.5)
+    ax_p.set_xlim(-0.1, pool_columns * 1.2)
+    ax_p.set_ylim(-(rows - 1) * pitch - 0.2, 1.3)
+    ax_p.set_title(f"physical pool: {nb} blocks × {bs} slots (grey = free)", fontsize=10)
+    ax_p.axis("off")
+
+    if arrows:
+        for row, s in enumerate(seqs):
+            for j, b in enumerate(tables[s]):
+                xb, yb = (b % pool_columns) * 1.2, -(b // pool_columns) * pitch
+                fig.add_artist(ConnectionPatch(
+                    xyA=(j * 1.2 + 1.0, -row * pitch + 0.35), coordsA=ax_t.transData,
+                    xyB=(xb, yb + 0.35), coordsB=ax_p.transData,
+                    arrowstyle="->", color=seq_color(s), alpha=0.35, linewidth=0.8))
+
+    numbers = (f"{st.blocks_used} of {nb} blocks used, {st.blocks_free} free · "
+               f"{st.tokens_stored} tokens in {st.blocks_used * bs} reserved slots "
+               f"({100 * st.utilization:.0f}% full) · {st.slots_reserved_empty} slots reserved "
+               f"but empty")
+    fig.suptitle(f"{title}\n{numbers}" if title else numbers, fontsize=11)
+    return fig
+
+
+def draw_contiguous_vs_paged(seq_lens: Sequence[int], max_len: int, block_size: int, *,
+                             title: str | None = None) -> Figure:
+    """The same requests stored contiguously (``max_len`` slots each) and in blocks.
+
+    Top: each request reserves ``max_len`` slots; its ``seq_len`` tokens are coloured, the rest
+    is reserved but empty (hatched). Bottom: each request holds ``ceil(seq_len / block_size)``
+    blocks; only the last block's tail is empty. Each panel's title gives the share of reserved
+    slots holding real tokens. Every row carries a text ``"<tokens>/<reserved>"``.
+    """
+    seq_lens = [int(n) for n in seq_lens]
+    if any(n < 0 or n > max_len for n in seq_lens):
+        raise ValueError(f"every seq_len must be in [0, max_len={max_len}], got {seq_lens}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    n = len(seq_lens)
+    tokens = sum(seq_lens)
+    contiguous = n * max_len
+    blocks = [-(-s // block_size) for s in seq_lens]
+    paged = sum(blocks) * block_size
+
+    fig = Figure(figsize=(11, 1.2 + 0.5 * 2 * max(n, 1)), layout="constrained")
+    ax_c, ax_p = fig.subplots(2, 1, sharex=True)
+    for i, s in enumerate(seq_lens):
+        color = seq_color(i)
+        ax_c.add_patch(Rectangle((0, -i), max_len, 0.7, facecolor=EMPTY_COLOR, edgecolor=color,
+                                 hatch="///", linewidth=1.2))
+        ax_c.add_patch(Rectangle((0, -i), s, 0.7, facecolor=color, edgecolor=color))
+        ax_c.text(max_len + 0.5, -i + 0.35, f"{s}/{max_len}", va="center", fontsize=8)
+        for j in range(blocks[i]):
+            fill = min(block_size, s - j * block_size)
+            _draw_block(ax_p, j * block_size, -i, block_size * 0.94, 0.7, fill, block_size,
+                        color, gid=f"paged:{i}:{j}", edge="black")
+        ax_p.text(max_len + 0.5, -i + 0.35, f"{s}/{blocks[i] * block_size}", va="center",
+                  fontsize=8)
+    for ax in (ax_c, ax_p):
+        ax.set_xlim(0, max_len * 1.12)
+        ax.set_ylim(-n + 0.6, 1.0)
+        ax.set_yticks([-i + 0.35 for i in range(n)], [f"req {i}" for i in range(n)])
+        ax.spines[["top", "right", "left"]].set_visible(False)
+    ax_p.set_xlabel("token slots")
+    ax_c.set_title(f"contiguous: {max_len} slots reserved per request → {tokens} of "
+                   f"{contiguous} reserved slots hold tokens ({_pct(tokens, contiguous)})",
+                   fontsize=10, loc="left")
+    ax_p.set_title(f"paged, block_size={block_size}: {sum(blocks)} blocks → {tokens} of "
+                   f"{paged} reserved slots hold tokens ({_pct(tokens, paged)}); "
+                   f"{contiguous - paged} slots stay free for other requests",
+                   fontsize=10, loc="left")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def _pct(part: int, whole: int) -> str:
+    return "n/a" if whole == 0 else f"{100 * part / whole:.0f}%"
+
+
+def draw_token_lookup(block_table: Sequence[int], seq_len: int, block_size: int, token: int, *,
+                      num_blocks: int | None = None) -> Figure:
+    """Where token ``token`` of a sequence lives: logical block, table entry, physical slot.
+
+    Top: the sequence's tokens grouped in logical blocks, ``token`` highlighted. Middle: the
+    block table, entry ``token // block_size`` highlighted. Bottom: the physical pool
+    (``num_blocks`` blocks, default just enough to show every table entry) with the slot
+    ``block_table[token // block_size] * block_size + token % block_size`` highlighted.
+    """
+    block_table = [int(b) for b in block_table]
+    if not 0 <= token < seq_len:
+        raise ValueError(f"token must be in [0, seq_len={seq_len}), got {token}")
+    used = -(-seq_len // block_size)
+    if used > len(block_table):
+        raise ValueError(f"seq_len={seq_len} needs {used} table entries, got {len(block_table)}")
+    j, off = divmod(token, block_size)
+    phys = block_table[j]
+    slot = phys * block_size + off
+    nb = num_blocks if num_blocks is not None else max(block_table[:used]) + 1
+    color, hi = seq_color(0), "#d62728"
+
+    fig = Figure(figsize=(max(8, 0.3 * nb * block_size / 2 + 2), 4.2), layout="constrained")
+    ax = fig.subplots()
+    cell = 1.0
+    # Row 1: logical tokens (y = 2), grouped by logical block.
+    for t in range(used * block_size):
+        x = t * cell + (t // block_size) * 0.4
+        face = hi if t == token else (color if t < seq_len else EMPTY_COLOR)
+        ax.add_patch(Rectangle((x, 2), cell, 0.6, facecolor=face, edgecolor="white"))
+        if t == token:
+            ax.text(x + 0.5, 2.7, f"token {t}", ha="center", fontsize=9, color=hi)
+    for lb in range(used):
+        x0 = lb * (block_size * cell + 0.4)
+        ax.add_patch(Rectangle((x0, 2), block_size * cell, 0.6, facecolor="none",
+                               edgecolor="black", linewidth=1))
+        ax.text(x0 + block_size * cell / 2, 1.85, f"logical {lb}", ha="center", va="top",
+                fontsize=8)
+    # Row 2: block table entries (y = 0.8).
+    for lb in range(used):
+        x0 = lb * 1.2
+        ax.add_patch(Rectangle((x0, 0.8), 1.0, 0.6, facecolor=hi if lb == j else "#f0f0f0",
+                               edgecolor="black"))
+        ax.text(x0 + 0.5, 1.1, str(block_table[lb]), ha="center", va="center", fontsize=9,
+                color="white" if lb == j else "black")
+    ax.text(-0.3, 1.1, "block_table", ha="right", va="center", fontsize=9)
+    # Row 3: physical pool (y = -0.6), every slot drawn.
+    holds = {b: min(block_size, seq_len - k * block_size)  # tokens held by each used block
+             for k, b in enumerate(block_table[:used])}
+    for b in range(nb):
+        x0 = b * (block_size * cell * 0.5 + 0.3)
+        for s in range(block_size):
+            face = (hi if (b == phys and s == off) else FREE_COLOR if b not in holds
+                    else color if s < holds[b] else EMPTY_COLOR)
+            ax.add_patch(Rectangle((x0 + s * cell * 0.5, -0.6), cell * 0.5, 0.6, facecolor=face,
+                                   edgecolor="#bbbbbb" if face == EMPTY_COLOR else "white",
+                                   linewidth=0.5))
+        ax.text(x0 + block_size * cell * 0.25, -0.75, str(b), ha="center", va="top", fontsize=7)
+    ax.text(-0.3, -0.3, "physical\nblocks", ha="right", va="center", fontsize=9)
+    # Arrows: token -> table entry -> slot.
+    xt = token * cell + j * 0.4 + 0.5
+    ax.add_patch(FancyArrowPatch((xt, 2), (j * 1.2 + 0.5, 1.4), arrowstyle="->", color=hi,
+                                 mutation_scale=12))
+    xs = phys * (block_size * cell * 0.5 + 0.3) + (off + 0.5) * cell * 0.5
+    ax.add_patch(FancyArrowPatch((j * 1.2 + 0.5, 0.8), (xs, 0.0), arrowstyle="->", color=hi,
+                                 mutation_scale=12))
+    width = max(used * (block_size * cell + 0.4), nb * (block_size * cell * 0.5 + 0.3))
+    ax.set_xlim(-2.2, width + 0.2)
+    ax.set_ylim(-1.2, 3.1)
+    ax.axis("off")
+    fig.suptitle(f"token {token} → logical block {token} // {block_size} = {j}, offset "
+                 f"{token} % {block_size} = {off} → block_table[{j}] = {phys} → slot "
+                 f"{phys}·{block_size} + {off} = {slot}", fontsize=10)
+    return fig
+
+
+class BlockTableExplorer:
+    """Grow, finish and start requests in a small KV cache and watch the block tables.
+
+        explorer = BlockTableExplorer(num_blocks=32, block_size=4)
+        explorer            # in a notebook: the buttons and the live picture
+        explorer.add_token(0); explorer.figure()   # the same without widgets
+
+    Actions return ``True`` when they changed the cache and ``False`` otherwise (out of
+    blocks, unknown request, bad count); :attr:`message` says what happened. Out of blocks
+    never changes anything. Request ids are 0, 1, 2, ... in the order started.
+    """
+
+    def __init__(self, num_blocks: int = 32, block_size: int = 4,
+                 prompts: Sequence[int] = (6, 3, 9), *, pool_columns: int = 8) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prompts = tuple(prompts)
+        self.pool_columns = pool_columns
+        self._widget = None
+        self.reset()
+
+    # ---- actions (no display needed) ----------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the cache and start the initial requests again."""
+        self.manager = KVCacheManager(self.num_blocks, self.block_size)
+        self._next_id = 0
+        for p in self.prompts:
+            self.start(p)
+        self.message = f"reset: {len(self.manager)} requests, prompts {list(self.prompts)}"
+        self._refresh()
+
+    def start(self, prompt_len: int) -> int | None:
+        """Start a new request with a prompt of ``prompt_len`` tokens; return its id or None."""
+        seq_id = self._next_id
+        try:
+            self.manager.add_sequence(seq_id, prompt_len)
+        except (OutOfBlocksError, ValueError, TypeError) as err:
+            self.message = f"cannot start a request of {prompt_len} tokens: {err}"
+            self._refresh()
+            return None
+        self._next_id += 1
+        table = self.manager.block_table(seq_id)
+        self.message = f"started req {seq_id}: {prompt_len} prompt tokens in blocks {table}"
+        self._refresh()
+        return seq_id
+
+    def add_token(self, seq_id: Hashable) -> bool:
+        """Append one token to request ``seq_id`` (a decode step for that request)."""
+        return self.add_tokens(seq_id, 1)
+
+    def add_tokens(self, seq_id: Hashable, n: int) -> bool:
+        """Append ``n`` tokens to request ``seq_id``, all or nothing."""
+        if seq_id not in self.manager:
+            self.message = f"no request {seq_id!r}"
+        elif n < 1:
+            self.message = f"add at least one token (got {n})"
+        else:
+            length = self.manager.seq_len(seq_id)
+            have = len(self.manager.block_table(seq_id))
+            need = -(-(length + n) // self.block_size) - have
+            if need > self.manager.num_free_blocks:
+                self.message = (f"OUT OF BLOCKS: req {seq_id} needs {need} new block(s) for "
+                                f"{n} more token(s) but only {self.manager.num_free_blocks} "
+                                f"are free. Nothing changed; finish a request to free blocks.")
+            else:
+                slots = [self.manager.append_slot(seq_id) for _ in range(n)]
+                shown = slots if n <= 4 else [*slots[:2], "...", slots[-1]]
+                self.message = (f"req {seq_id}: +{n} token(s) → length {length + n}, slots "
+                                f"{shown}, new blocks: {need}")
+                self._refresh()
+                return True
+        self._refresh()
+        return False
+
+    def step(self) -> bool:
+        """One decode step: one token for every request at once (all or nothing)."""
+        seqs = self.manager.seq_ids
+        if not seqs:
+            self.message = "no requests to step"
+            self._refresh()
+            return False
+        try:
+            slots = self.manager.append_slots(seqs)
+        except OutOfBlocksError as err:
+            self.message = f"OUT OF BLOCKS: {err}. Nothing changed; finish a request."
+            self._refresh()
+            return False
+        self.message = f"decode step: slot mapping {slots}"
+        self._refresh()
+        return True
+
+    def finish(self, seq_id: Hashable) -> bool:
+        """Finish request ``seq_id``: all its blocks go back to the pool."""
+        if seq_id not in self.manager:
+            self.message = f"no request {seq_id!r}"
+            self._refresh()
+            return False
+        table = self.manager.block_table(seq_id)
+        self.manager.free_sequence(seq_id)
+        self.message = f"finished req {seq_id}: blocks {table} are free again"
+        self._refresh()
+        return True
+
+    def figure(self) -> Figure:
+        """The current picture (:func:`draw_block_tables`)."""
+        return draw_block_tables(self.manager, pool_columns=self.pool_columns)
+
+    # ---- widgets ------------------------------------------------------------------------------
+
+    @property
+    def widget(self):
+        """The ipywidgets app (built on first use)."""
+        if self._widget is None:
+            self._build_widget()
+            self._refresh()
+        return self._widget
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _build_widget(self) -> None:
+        import ipywidgets as w
+
+        self._request = w.Dropdown(description="request", layout=w.Layout(width="160px"))
+        self._count = w.BoundedIntText(value=4, min=1, max=10_000, description="N",
+                                       layout=w.Layout(width="120px"))
+        self._prompt = w.BoundedIntText(value=5, min=0, max=10_000, description="prompt",
+                                        layout=w.Layout(width="140px"))
+        buttons = {
+            "+1 token": lambda _: self.add_token(self._request.value),
+            "+N tokens": lambda _: self.add_tokens(self._request.value, self._count.value),
+            "finish": lambda _: self.finish(self._request.value),
+            "decode step (all)": lambda _: self.step(),
+            "start new request": lambda _: self.start(self._prompt.value),
+            "reset": lambda _: self.reset(),
+        }
+        made = {}
+        for label, action in buttons.items():
+            b = w.Button(description=label, layout=w.Layout(width="auto"))
+            b.on_click(action)
+            made[label] = b
+        self._status = w.HTML()
+        self._out = w.Output()
+        self._widget = w.VBox([
+            w.HBox([self._request, made["+1 token"], self._count, made["+N tokens"],
+                    made["finish"]]),
+            w.HBox([made["decode step (all)"], self._prompt, made["start new request"],
+                    made["reset"]]),
+            self._status,
+            self._out,
+        ])
+
+    def _refresh(self) -> None:
+        if self._widget is None:
+            return
+        from IPython.display import display
+
+        seqs = self.manager.seq_ids
+        current = self._request.value
+        self._request.options = [(f"req {s}", s) for s in seqs]
+        if seqs:  # keep the chosen request while it lives, else the oldest one
+            self._request.value = current if current in seqs else seqs[0]
+        colour = "#b00020" if self.message.startswith(("OUT", "cannot")) else "#333333"
+        self._status.value = f"<b style='color:{colour}'>{self.message}</b>"
+        with self._out:
+            self._out.clear_output(wait=True)
+            display(self.figure())
