@@ -94,7 +94,8 @@ def contiguous_attention(
     *,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Masked decode attention over contiguous K/V, float32 accumulation, GQA by head groups.
+    """Masked decode attention over contiguous K/V, float32 accumulation (float64 for float64
+    inputs), GQA by head groups.
 
     q [B, Hq, D]; k, v [B, L, Hkv, D]; valid [B, L] bool (False = masked out).
     Returns [B, Hq, D] in q's dtype; rows with no valid token are zeros.
@@ -103,14 +104,15 @@ def contiguous_attention(
     num_kv_heads = k.shape[2]
     group = num_q_heads // num_kv_heads
     scale = default_scale(head_dim, scale)
-    qg = q.float().view(batch, num_kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,bthd->bhgt", qg, k.float()) * scale  # [B, Hkv, G, L]
+    acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    qg = q.to(acc).view(batch, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bhgd,bthd->bhgt", qg, k.to(acc)) * scale  # [B, Hkv, G, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     # softmax of an all -inf row is NaN: give empty rows weight 0 instead (only those rows, so
     # a NaN in a real token still shows up in the output rather than being zeroed).
     probs = torch.softmax(scores, dim=-1)
     probs = torch.where(valid.any(dim=-1)[:, None, None, None], probs, 0.0)
-    v = torch.where(valid[:, :, None, None], v.float(), 0.0)  # unused slots may hold NaN
+    v = torch.where(valid[:, :, None, None], v.to(acc), 0.0)  # unused slots may hold NaN
     out = torch.einsum("bhgt,bthd->bhgd", probs, v)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
 

@@ -75,35 +75,40 @@ def make_paged_inputs(
     """
     if poison not in POISON_VALUES:
         raise ValueError(f"poison must be one of {POISON_VALUES}, got {poison!r}")
-    gen = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)  # draw on the target device
     lens = [int(n) for n in seq_lens]
     blocks_per_seq = [math.ceil(n / block_size) for n in lens]
     num_blocks = sum(blocks_per_seq) + spare_blocks
     width = max(blocks_per_seq, default=0) + spare_columns
     batch = len(lens)
 
-    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    v = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    q = torch.randn(batch, num_q_heads, head_dim, generator=gen)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k = torch.randn(shape, generator=gen, device=device)
+    v = torch.randn(shape, generator=gen, device=device)
+    q = torch.randn(batch, num_q_heads, head_dim, generator=gen, device=device)
 
     # Garbage everywhere first, then the real block ids in a shuffled order.
-    garbage = torch.randint(-(2**31), 2**31 - 1, (batch, max(width, 1)), generator=gen)
+    garbage = torch.randint(-(2**31), 2**31 - 1, (batch, max(width, 1)), generator=gen,
+                            device=device)
     garbage[:, ::3] = -1
-    garbage[:, 1::3] = num_blocks + torch.randint(0, 2**20, (batch, 1), generator=gen)
+    garbage[:, 1::3] = num_blocks + torch.randint(0, 2**20, (batch, 1), generator=gen,
+                                                  device=device)
     table = garbage[:, :width].clone()
-    owned = torch.zeros(num_blocks, block_size, dtype=torch.bool)
-    order = torch.randperm(num_blocks, generator=gen)
+    owned = torch.zeros(num_blocks, block_size, dtype=torch.bool, device=device)
+    order = torch.randperm(num_blocks, generator=gen, device=device)
     next_block = 0
     for b, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
         ids = order[next_block : next_block + nb]
         next_block += nb
         table[b, :nb] = ids
-        for j, block in enumerate(ids.tolist()):
-            owned[block, : min(block_size, n - j * block_size)] = True
+        if nb:
+            owned[ids[:-1]] = True  # full blocks
+            owned[ids[-1], : n - (nb - 1) * block_size] = True  # the last, maybe partly filled
 
     fill = float("nan") if poison == "nan" else 1e3
-    poison_k = torch.rand(num_blocks, block_size, num_kv_heads, head_dim, generator=gen) * fill
-    poison_v = torch.rand(num_blocks, block_size, num_kv_heads, head_dim, generator=gen) * fill
+    poison_k = torch.rand(shape, generator=gen, device=device) * fill
+    poison_v = torch.rand(shape, generator=gen, device=device) * fill
     free = ~owned[:, :, None, None]
     k = torch.where(free, poison_k, k)
     v = torch.where(free, poison_v, v)

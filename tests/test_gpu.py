@@ -1,0 +1,69 @@
+"""The Triton kernels compiled on a CUDA GPU (skipped without one): the same kinds of random
+cases as the interpreter tests, plus sizes only a GPU holds (long sequences, 64-bit offsets)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paged_ref
+from paged_ref.checks import assert_close
+from paged_ref.testing import make_paged_inputs, ragged_lengths
+from paged_ref.triton_split import SplitPlan, paged_attention_split
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+BACKENDS = ["triton", "triton_split", "auto"]
+CASES = [
+    # lengths, block_size, head_dim, num_q_heads, num_kv_heads, dtype
+    ([0, 1, 15, 16, 17, 300], 16, 128, 32, 8, torch.bfloat16),
+    (ragged_lengths(9, 1, 3000, seed=1), 16, 128, 32, 8, torch.float16),
+    ([1, 2, 33, 64, 65], 1, 64, 8, 8, torch.float32),
+    ([7, 100, 257, 1000], 8, 80, 16, 2, torch.bfloat16),
+    ([31, 32, 33, 999], 32, 96, 32, 4, torch.float16),
+    ([5000, 12000], 16, 256, 8, 1, torch.bfloat16),
+    ([40000], 16, 128, 32, 8, torch.bfloat16),
+    ([4096] * 3, 64, 128, 64, 8, torch.float32),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("poison", ["large", "nan"])
+def test_gpu_matches_float64_reference(backend, case, poison):
+    lens, bs, d, hq, hkv, dtype = CASES[case]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device="cuda", seed=case, poison=poison)
+    out = paged_ref.paged_attention(*inp.args(), backend=backend)
+    assert_close(out, inp.reference(), name=f"{backend} case {case}")
+
+
+@pytest.mark.parametrize("num_chunks", [1, 2, 7, 64, 300])
+def test_gpu_split_any_chunking(num_chunks):
+    lens = [1, 700, 4097, 20000]
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=num_chunks)
+    chunk = -(-max(lens) // num_chunks)
+    out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk, -(-max(lens) // chunk)))
+    assert_close(out, inp.reference(), name=f"split into {num_chunks}")
+
+
+def test_gpu_offsets_past_2_to_the_31():
+    """A cache of more than 2^31 elements: block id x block stride overflows int32."""
+    num_kv_heads, head_dim, block_size = 8, 128, 16
+    per_block = block_size * num_kv_heads * head_dim
+    num_blocks = (2**31) // per_block + 64
+    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.bfloat16,
+                    device="cuda")
+    v = torch.randn_like(k)
+    table = torch.arange(num_blocks - 40, num_blocks, dtype=torch.int32, device="cuda")[None]
+    table = table.flip(1).contiguous()
+    seq_lens = torch.tensor([40 * block_size - 3], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, 32, head_dim, dtype=torch.bfloat16, device="cuda")
+    # The reference sees only the 40 blocks used, renumbered 0..39 (it copies to the CPU).
+    compact = torch.arange(40, dtype=torch.int32, device="cuda")[None]
+    ref = paged_ref.reference.paged_attention_reference(
+        q, k[table[0].long()], v[table[0].long()], compact, seq_lens)
+    for backend in ("triton", "triton_split"):
+        out = paged_ref.paged_attention(q, k, v, table, seq_lens, backend=backend)
+        assert_close(out, ref, name=backend)
