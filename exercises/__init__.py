@@ -1,0 +1,1 @@
+"""Learner stubs, generated from solutions/."""
