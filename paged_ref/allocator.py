@@ -15,19 +15,24 @@ per block id, whether it is free (so double frees are caught without scanning th
 from __future__ import annotations
 
 from collections import deque
+from numbers import Integral
 
 
 class OutOfBlocksError(RuntimeError):
     """Raised by :meth:`BlockAllocator.allocate` when every block is in use."""
 
 
-def check_positive_int(name: str, value) -> int:
-    """``value`` as an ``int`` if it is a positive integer; else ``TypeError``/``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+def check_int(name: str, value, *, minimum: int | None = 0) -> int:
+    """``value`` as an ``int`` if it is an integer ``>= minimum`` (NumPy integers count).
+
+    Raises ``TypeError`` for a non-integer (``bool`` included) and ``ValueError`` below
+    ``minimum`` (no lower bound when ``minimum`` is None); both messages name the argument.
+    """
+    if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
 
 
 class BlockAllocator:
@@ -43,10 +48,10 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        self._num_blocks = check_positive_int("num_blocks", num_blocks)
-        self._block_size = check_positive_int("block_size", block_size)
-        self._free_list: deque[int] = deque(range(num_blocks))
-        self._is_free = bytearray(b"\x01") * num_blocks  # 1 = free, 0 = allocated
+        self._num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+        self._block_size = check_int("block_size", block_size, minimum=1)
+        self._free_list: deque[int] = deque(range(self._num_blocks))
+        self._is_free = bytearray(b"\x01") * self._num_blocks  # 1 = free, 0 = allocated
 
     @property
     def num_blocks(self) -> int:
@@ -91,7 +96,7 @@ class BlockAllocator:
             ValueError: ``block_id`` is outside ``[0, num_blocks)`` or already free.
             After an error nothing has changed.
         """
-        self._check_id(block_id)
+        block_id = self._check_id(block_id)
         if self._is_free[block_id]:
             raise ValueError(f"double free: block {block_id} is already free")
         self._is_free[block_id] = 1
@@ -99,11 +104,11 @@ class BlockAllocator:
 
     def is_free(self, block_id: int) -> bool:
         """Whether block ``block_id`` is free (same argument checks as :meth:`free`)."""
-        self._check_id(block_id)
-        return bool(self._is_free[block_id])
+        return bool(self._is_free[self._check_id(block_id)])
 
-    def _check_id(self, block_id) -> None:
-        if isinstance(block_id, bool) or not isinstance(block_id, int):
+    def _check_id(self, block_id) -> int:
+        """``block_id`` as an ``int`` (NumPy integers are fine) if it names a block."""
+        if isinstance(block_id, bool) or not isinstance(block_id, Integral):
             raise TypeError(
                 f"block_id must be an int, got {type(block_id).__name__} ({block_id!r})"
             )
@@ -111,6 +116,7 @@ class BlockAllocator:
             raise ValueError(
                 f"unknown block_id {block_id}: ids run from 0 to {self._num_blocks - 1}"
             )
+        return int(block_id)
 
     def __repr__(self) -> str:
         return (

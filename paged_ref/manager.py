@@ -24,20 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_ref.allocator import BlockAllocator, OutOfBlocksError
+from paged_ref.allocator import BlockAllocator, OutOfBlocksError, check_int
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
     return -(-num_tokens // block_size)
-
-
-def _check_count(name: str, value, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -141,7 +133,7 @@ class KVCacheManager:
             ) from None
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already exists")
-        _check_count("num_tokens", num_tokens)
+        num_tokens = check_int("num_tokens", num_tokens)
         needed = blocks_needed(num_tokens, self.block_size)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(
@@ -219,8 +211,8 @@ class KVCacheManager:
         """
         table = self._table(seq_id)
         length = self._lens[seq_id]
-        _check_count("start", start)
-        end = length if end is None else _check_count("end", end)
+        start = check_int("start", start)
+        end = length if end is None else check_int("end", end)
         if not start <= end <= length:
             raise ValueError(
                 f"need 0 <= start <= end <= seq_len, got start={start}, end={end}, "

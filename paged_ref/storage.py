@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from paged_ref.allocator import check_positive_int
+from paged_ref.allocator import check_int
+from paged_ref.reference import token_slots
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -49,11 +50,11 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.num_layers = check_positive_int("num_layers", num_layers)
-        self.num_blocks = check_positive_int("num_blocks", num_blocks)
-        self.block_size = check_positive_int("block_size", block_size)
-        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
-        self.head_dim = check_positive_int("head_dim", head_dim)
+        num_layers = self.num_layers = check_int("num_layers", num_layers, minimum=1)
+        num_blocks = self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+        block_size = self.block_size = check_int("block_size", block_size, minimum=1)
+        num_kv_heads = self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+        head_dim = self.head_dim = check_int("head_dim", head_dim, minimum=1)
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
@@ -133,10 +134,7 @@ class PagedKVCache:
             k, v: ``[seq_len, num_kv_heads, head_dim]`` in the cache's dtype.
         """
         self._check_layer(layer)
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int):
-            raise TypeError(f"seq_len must be an int, got {type(seq_len).__name__}")
-        if seq_len < 0:
-            raise ValueError(f"seq_len must be >= 0, got {seq_len}")
+        seq_len = check_int("seq_len", seq_len)
         table = self._int_list("block_table", block_table)
         used = -(-seq_len // self.block_size)
         if used > len(table):
@@ -149,11 +147,8 @@ class PagedKVCache:
                 raise ValueError(
                     f"block_table[{j}] = {block_id} is outside [0, num_blocks={self.num_blocks})"
                 )
-        bs = self.block_size
         slots = torch.tensor(
-            [table[t // bs] * bs + t % bs for t in range(seq_len)],
-            dtype=torch.long,
-            device=self.device,
+            token_slots(table, seq_len, self.block_size), dtype=torch.long, device=self.device
         )
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
         return k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]
@@ -161,8 +156,7 @@ class PagedKVCache:
     # ---- argument checks --------------------------------------------------------------------
 
     def _check_layer(self, layer) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+        check_int("layer", layer, minimum=None)
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside [0, num_layers={self.num_layers})")
 
@@ -182,10 +176,7 @@ class PagedKVCache:
                 f"{name} must be a list of ints or a 1-D integer tensor, "
                 f"got {type(values).__name__}"
             )
-        for i, x in enumerate(values):
-            if isinstance(x, bool) or not isinstance(x, int):
-                raise TypeError(f"{name}[{i}] must be an int, got {type(x).__name__} ({x!r})")
-        return list(values)
+        return [check_int(f"{name}[{i}]", x, minimum=None) for i, x in enumerate(values)]
 
     def _slots(self, slot_mapping, num_tokens: int) -> torch.Tensor:
         """Checked ``slot_mapping`` as a long tensor on the cache's device."""

@@ -157,3 +157,11 @@ AllocatorMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
 TestAllocatorMachine = AllocatorMachine.TestCase
+
+
+def test_numpy_integers_are_accepted_as_ids_and_sizes():
+    np = pytest.importorskip("numpy")
+    a = BlockAllocator(np.int64(3), np.int32(4))
+    b = a.allocate()
+    a.free(np.int64(b))
+    assert a.is_free(np.int32(b)) and type(a.num_blocks) is int
