@@ -27,7 +27,7 @@ test: install
 
 ## Your exercises: make test-exercises EX=ex02
 test-exercises: install
-	$(PY) -m pytest tests/exercises --impl exercises -p no:nbval $(if $(EX),-k $(EX),)
+	$(PY) -m pytest tests/exercises --impl exercises $(if $(EX),-k $(EX),)
 
 ## Regenerate exercises/ from solutions/.
 exercises: install

@@ -14,7 +14,7 @@ import torch
 
 from paged_ref import _device
 from paged_ref.reference import paged_attention_torch
-from paged_ref.validation import check_shapes, check_values
+from paged_ref.validation import Lengths, check_shapes, check_values
 
 BACKENDS = ("auto", "torch", "triton", "triton_split")
 
@@ -34,13 +34,13 @@ def _check_triton_usable(backend: str, q: torch.Tensor) -> None:
         )
 
 
-def split_plan_for(q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor, max_len: int):
-    """The split-KV plan for these inputs on this device (reads the total length back)."""
+def split_plan_for(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths):
+    """The split-KV plan for these inputs on this device."""
     from paged_ref.triton_split import num_multiprocessors, plan_split
 
     return plan_split(
-        batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=max_len,
-        total_tokens=int(seq_lens.sum()), num_sms=num_multiprocessors(q.device),
+        batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
+        total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
     )
 
 
@@ -79,15 +79,15 @@ def paged_attention(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    max_len = check_values(block_tables, seq_lens, shapes)
+    lengths = check_values(block_tables, seq_lens, shapes)
     if backend == "auto" and q.device.type == "cuda" and _device.HAS_TRITON:
-        plan = split_plan_for(q, k_cache, seq_lens, max_len)
+        plan = split_plan_for(q, k_cache, lengths)
         backend = choose_backend(q, plan)
     elif backend == "auto":
         backend = "torch"
     if backend == "torch":
         return paged_attention_torch(
-            q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=max_len
+            q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=lengths.max_len
         )
     _check_triton_usable(backend, q)
     if backend == "triton":
@@ -98,5 +98,5 @@ def paged_attention(
 
     return paged_attention_split(
         q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-        plan=split_plan_for(q, k_cache, seq_lens, max_len),
+        plan=split_plan_for(q, k_cache, lengths),
     )

@@ -16,6 +16,8 @@ number of multiprocessors; it depends only on those numbers, so the result is de
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +29,13 @@ from paged_ref.triton_decode import (
     attend_tokens,
     launch_constants,
     load_group_queries,
+    paged_attention_triton,
 )
 
-#: Aim for this many programs per multiprocessor, so every SM stays busy to the end.
+#: Programs that run at once on one multiprocessor (a rough figure for these kernels).
 PROGRAMS_PER_SM = 4
+#: Split only when the longest sequence is this many times an even share of the work.
+IMBALANCE = 1.5
 #: Never split finer than this many tokens: each chunk costs a partial write and a merge read.
 MIN_CHUNK = 256
 
@@ -44,6 +49,7 @@ class SplitPlan:
     num_chunks: int
 
 
+@functools.lru_cache(maxsize=None)
 def num_multiprocessors(device: torch.device | str | None = None) -> int:
     """Streaming multiprocessors of the CUDA device (132 on an H100/H200 SXM); 132 on a CPU,
     so that plans made in the interpreter look like the ones made on a GPU."""
@@ -63,21 +69,26 @@ def plan_split(
     programs_per_sm: int = PROGRAMS_PER_SM,
     min_chunk: int = MIN_CHUNK,
 ) -> SplitPlan:
-    """Chunk size and count for ``batch`` sequences of ``total_tokens`` tokens in all.
+    """Chunk size and count for ``batch`` sequences holding ``total_tokens`` tokens in all.
 
-    If ``batch x num_kv_heads`` programs already fill the GPU, do not split (one chunk).
-    Otherwise cut the work (``total_tokens x num_kv_heads`` token-heads) into about
-    ``num_sms x programs_per_sm`` equal chunks, no smaller than ``min_chunk`` tokens, rounded up
-    to a multiple of ``tile``. Short sequences in a ragged batch simply use fewer chunks.
+    The GPU runs about ``slots = num_sms x programs_per_sm`` programs at once, and the work is
+    ``total_tokens x num_kv_heads`` token-heads, so an even share is ``work / slots`` tokens per
+    program. Without splitting, one program walks a whole sequence, so the longest sequence
+    sets the time. Split only when ``max_len`` exceeds the even share by ``IMBALANCE``; then cut
+    into equal chunks of about the even share (at least ``min_chunk``, a multiple of ``tile``).
+    Uses only these numbers, so the plan (and the result) is the same on every call.
     """
-    if max_len <= 0 or batch * num_kv_heads >= num_sms * programs_per_sm:
-        return SplitPlan(chunk_size=max(max_len, 1), num_chunks=1)
-    target = num_sms * programs_per_sm
-    chunk = triton.cdiv(total_tokens * num_kv_heads, target)
-    chunk = max(min_chunk, triton.cdiv(chunk, tile) * tile)
-    num_chunks = triton.cdiv(max_len, chunk)
+    if max_len <= 0:
+        return SplitPlan(chunk_size=1, num_chunks=1)
+    share = total_tokens * num_kv_heads / (num_sms * programs_per_sm)
+    if max_len <= IMBALANCE * share:
+        return SplitPlan(chunk_size=max_len, num_chunks=1)
+    # Cut the longest sequence into equal chunks of about the even share (never a short tail).
+    num_chunks = max(1, round(max_len / max(share, min_chunk)))
+    chunk = math.ceil(max_len / num_chunks / tile) * tile
+    num_chunks = math.ceil(max_len / chunk)
     if num_chunks == 1:
-        chunk = max_len
+        return SplitPlan(chunk_size=max_len, num_chunks=1)
     return SplitPlan(chunk_size=chunk, num_chunks=num_chunks)
 
 
@@ -196,6 +207,9 @@ def paged_attention_split(
             total_tokens=int(seq_lens.sum()), num_sms=num_multiprocessors(q.device),
             tile=config.tile,
         )
+    if plan.num_chunks == 1:  # one chunk per sequence is the one-pass kernel, with no merge
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                      config=config, out=out)
     consts = launch_constants(q, k_cache, scale)
     qk_scale = consts.pop("qk_scale")
     part_out = torch.empty(batch, num_q_heads, plan.num_chunks, head_dim,

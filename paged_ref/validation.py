@@ -90,29 +90,44 @@ def check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> Sha
                   block_tables.shape[1])
 
 
-def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> int:
-    """Lengths and used table entries; returns the longest sequence. Reads values (a sync)."""
+@dataclass(frozen=True)
+class Lengths:
+    """What the checks read back about ``seq_lens``: the longest sequence and the sum."""
+
+    max_len: int
+    total_tokens: int
+
+
+def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
+    """Lengths and used table entries; returns the longest and total length.
+
+    Reads values back from the device once (one sync): all checks and both sums travel in one
+    small tensor; only when a check fails is the offending entry looked up for the message.
+    """
     if shapes.batch == 0:
-        return 0
+        return Lengths(0, 0)
     lens = seq_lens.long()
-    if (lens < 0).any():
+    capacity = shapes.max_blocks_per_seq * shapes.block_size
+    used_blocks = (lens.clamp(min=0) + shapes.block_size - 1) // shapes.block_size  # [B]
+    cols = torch.arange(shapes.max_blocks_per_seq, device=lens.device)
+    used = cols[None, :] < used_blocks[:, None]
+    bad_entry = used & ((block_tables < 0) | (block_tables >= shapes.num_blocks))
+    negative, too_long, bad, max_len, total = torch.stack([
+        (lens < 0).any(), (lens > capacity).any(), bad_entry.any(), lens.max(), lens.sum()
+    ]).tolist()
+    if negative:
         b = int((lens < 0).nonzero()[0])
         raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is negative")
-    capacity = shapes.max_blocks_per_seq * shapes.block_size
-    if (lens > capacity).any():
+    if too_long:
         b = int((lens > capacity).nonzero()[0])
         raise ValueError(
             f"seq_lens[{b}] = {int(lens[b])} needs more blocks than block_tables holds "
             f"({shapes.max_blocks_per_seq} blocks x block_size {shapes.block_size} = {capacity})"
         )
-    used_blocks = (lens + shapes.block_size - 1) // shapes.block_size  # [B]
-    cols = torch.arange(shapes.max_blocks_per_seq, device=lens.device)
-    used = cols[None, :] < used_blocks[:, None]
-    bad = used & ((block_tables < 0) | (block_tables >= shapes.num_blocks))
-    if bad.any():
-        b, j = (int(i) for i in bad.nonzero()[0])
+    if bad:
+        b, j = (int(i) for i in bad_entry.nonzero()[0])
         raise ValueError(
             f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is outside [0, num_blocks="
             f"{shapes.num_blocks}) but sequence {b} uses it (seq_lens[{b}] = {int(lens[b])})"
         )
-    return int(lens.max())
+    return Lengths(int(max_len), int(total))
