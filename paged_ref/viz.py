@@ -40,14 +40,15 @@ def seq_color(seq_id: Hashable):
     return PALETTE[index % len(PALETTE)]
 
 
-def _draw_block(ax, x, y, width, height, filled, block_size, color, *, gid, edge=None):
+def _draw_block(ax, x, y, width, height, filled, block_size, color, *, gid, edge=None,
+                cells=True, linewidth=1.6):
     """A block as ``block_size`` slot cells, the first ``filled`` of them coloured.
 
-    Returns the outline rectangle (its gid is ``gid``). For block sizes over 16 the filled
-    part is one bar instead of separate cells.
+    Returns the outline rectangle (its gid is ``gid``). With ``cells=False``, or block sizes
+    over 16, the filled part is one bar instead of separate cells.
     """
     edge = edge or color
-    if block_size <= 16:
+    if cells and block_size <= 16:
         cell = width / block_size
         for s in range(block_size):
             ax.add_patch(Rectangle((x + s * cell, y), cell, height, linewidth=0.4,
@@ -56,7 +57,8 @@ def _draw_block(ax, x, y, width, height, filled, block_size, color, *, gid, edge
     else:
         ax.add_patch(Rectangle((x, y), width * filled / block_size, height, linewidth=0,
                                facecolor=color))
-    outline = Rectangle((x, y), width, height, facecolor="none", edgecolor=edge, linewidth=1.6)
+    outline = Rectangle((x, y), width, height, facecolor="none", edgecolor=edge,
+                        linewidth=linewidth)
     outline.set_gid(gid)
     ax.add_patch(outline)
     return outline
@@ -174,17 +176,19 @@ def draw_contiguous_vs_paged(seq_lens: Sequence[int], max_len: int, block_size: 
 
     fig = Figure(figsize=(11, 1.2 + 0.5 * 2 * max(n, 1)), layout="constrained")
     ax_c, ax_p = fig.subplots(2, 1, sharex=True)
+    fine = max_len / block_size <= 40  # few enough blocks per row to draw every slot
     for i, s in enumerate(seq_lens):
         color = seq_color(i)
         ax_c.add_patch(Rectangle((0, -i), max_len, 0.7, facecolor=EMPTY_COLOR, edgecolor=color,
                                  hatch="///", linewidth=1.2))
         ax_c.add_patch(Rectangle((0, -i), s, 0.7, facecolor=color, edgecolor=color))
-        ax_c.text(max_len + 0.5, -i + 0.35, f"{s}/{max_len}", va="center", fontsize=8)
+        ax_c.text(max_len * 1.015, -i + 0.35, f"{s}/{max_len}", va="center", fontsize=8)
         for j in range(blocks[i]):
             fill = min(block_size, s - j * block_size)
             _draw_block(ax_p, j * block_size, -i, block_size * 0.94, 0.7, fill, block_size,
-                        color, gid=f"paged:{i}:{j}", edge="black")
-        ax_p.text(max_len + 0.5, -i + 0.35, f"{s}/{blocks[i] * block_size}", va="center",
+                        color, gid=f"paged:{i}:{j}", edge="black" if fine else "#666666",
+                        cells=fine, linewidth=1.6 if fine else 0.3)
+        ax_p.text(max_len * 1.015, -i + 0.35, f"{s}/{blocks[i] * block_size}", va="center",
                   fontsize=8)
     for ax in (ax_c, ax_p):
         ax.set_xlim(0, max_len * 1.12)
