@@ -15,6 +15,7 @@ its actions are plain methods (``start``, ``add_token``, ``add_tokens``, ``step`
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Hashable, Sequence
 
@@ -445,7 +446,7 @@ class BlockTableExplorer:
     def _refresh(self) -> None:
         if self._widget is None:
             return
-        from IPython.display import display
+        from IPython.display import Image, display
 
         seqs = self.manager.seq_ids
         current = self._request.value
@@ -454,6 +455,8 @@ class BlockTableExplorer:
             self._request.value = current if current in seqs else seqs[0]
         colour = "#b00020" if self.message.startswith(("OUT", "cannot")) else "#333333"
         self._status.value = f"<b style='color:{colour}'>{self.message}</b>"
+        png = io.BytesIO()  # a PNG shows whatever matplotlib backend the kernel has
+        self.figure().savefig(png, format="png", dpi=80)
         with self._out:
             self._out.clear_output(wait=True)
-            display(self.figure())
+            display(Image(data=png.getvalue()))
