@@ -8,10 +8,12 @@
    run), and prints ms, GB/s, % of copy bandwidth and relative error.
 3. Writes JSON stamped with GPU, versions and date, and a bar plot of % of copy bandwidth.
 
-What is timed: the kernel launches of each backend on inputs checked once beforehand, like a
-serving engine that validates a batch once and plans the split once per step (FlashInfer's
+What is timed (``ms``): the kernel launches of each backend on inputs checked once beforehand,
+like a serving engine that validates a batch once and plans the split once per step (FlashInfer's
 ``plan()`` is outside its timing too). ``auto`` is timed through the public
-``paged_attention(backend="auto")``, checks included.
+``paged_attention(backend="auto")``, checks included. Two more columns help read small cases:
+``ms_graph``, the same call replayed from a CUDA graph (no Python launch cost, L2 not flushed),
+and ``cpu_us``, the host time of one call (when it exceeds the GPU time, launches bound it).
 
 On a machine without a CUDA GPU it refuses: interpreter or CPU timings say nothing about memory
 bandwidth. It still lists the cases and the bytes each must move.
@@ -60,6 +62,31 @@ def time_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def graph_ms(fn: Callable[[], object]) -> float | None:
+    """Median milliseconds per call replaying a CUDA graph of ``fn`` (no launch overhead; the
+    L2 is not flushed). ``None`` when ``fn`` cannot be captured (it reads values back)."""
+    import triton.testing
+
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    except Exception:
+        torch.cuda.synchronize()
+        return None
+
+
+def cpu_us_per_call(fn: Callable[[], object], calls: int = 200) -> float:
+    """Host microseconds per call of ``fn`` (the Python launch path), GPU work not awaited."""
+    import time
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
@@ -206,9 +233,12 @@ def run_case(name, lens, backends, configs, chunk_counts, copy_bw, seed=0):
         err = relative_error(out, ref)
         ms = time_ms(fn)
         gbps = nbytes / (ms * 1e-3) / 1e9
+        extra = {}
+        if not info.get("sweep"):
+            extra = {"ms_graph": graph_ms(fn), "cpu_us": cpu_us_per_call(fn)}
         rows.append({"case": name, "backend": backend, "label": label, "ms": ms, "gbps": gbps,
                      "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err, "bytes": nbytes,
-                     **info})
+                     **extra, **info})
     del inp, ref, runners
     torch.cuda.empty_cache()
     return rows
@@ -232,9 +262,14 @@ def best_per_backend(rows: list[dict]) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     from tabulate import tabulate
 
+    def opt(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
     table = [[r["case"], r["label"], f"{r['ms']:.4f}", f"{r['gbps']:.0f}",
-              f"{r['pct_copy_bw']:.1f}", f"{r['rel_err']:.1e}"] for r in rows]
-    print(tabulate(table, headers=["case", "backend", "ms", "GB/s", "% copy bw", "rel err"]))
+              f"{r['pct_copy_bw']:.1f}", f"{r['rel_err']:.1e}", opt(r.get("ms_graph"), ".4f"),
+              opt(r.get("cpu_us"), ".0f")] for r in rows]
+    print(tabulate(table, headers=["case", "backend", "ms", "GB/s", "% copy bw", "rel err",
+                                   "ms (graph)", "host us/call"]))
 
 
 def plot(result: dict, path: Path) -> None:
@@ -269,8 +304,10 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
+    p = argparse.ArgumentParser(prog="python -m paged_ref.bench",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--cases", default=",".join(CASES),
+                   help="comma-separated, from: " + ", ".join(CASES))
     p.add_argument("--backends", default=",".join(OURS + PEERS),
                    help="comma-separated, from: " + ", ".join(OURS + PEERS))
     p.add_argument("--sweep-configs", action="store_true",

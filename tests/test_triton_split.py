@@ -1,0 +1,104 @@
+"""Split-KV specifics, in Triton's interpreter on a CPU (compiled on a GPU machine): explicit
+chunkings (empty chunks, chunks shorter than a block, a sequence shorter than one chunk) and
+the plan heuristic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from paged_ref.checks import assert_close
+from paged_ref.testing import make_paged_inputs
+from paged_ref.triton_decode import KernelConfig
+from paged_ref.triton_split import SplitPlan, paged_attention_split, plan_split
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CHUNKINGS = [
+    # lengths, block_size, chunk_size, head_dim, (num_q_heads, num_kv_heads), dtype
+    ([0, 1, 7, 40], 8, 16, 64, (4, 1), torch.float32),  # many chunks empty for short rows
+    ([3, 50], 16, 5, 64, (8, 2), torch.float16),  # chunk not a multiple of the block or tile
+    ([1, 2, 3], 4, 64, 80, (8, 8), torch.float32),  # every sequence shorter than one chunk
+    ([33, 64, 65], 1, 32, 96, (16, 2), torch.bfloat16),  # block size 1, exact multiples
+    ([70, 17], 32, 24, 128, (8, 1), torch.float16),  # chunks straddle blocks
+]
+
+
+@pytest.mark.parametrize("case", range(len(CHUNKINGS)))
+@pytest.mark.parametrize("poison", ["large", "nan"])
+def test_split_matches_reference_for_any_chunking(case, poison):
+    lens, bs, chunk, d, (hq, hkv), dtype = CHUNKINGS[case]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device=DEVICE, seed=10 + case, poison=poison)
+    plan = SplitPlan(chunk_size=chunk, num_chunks=math.ceil(max(lens) / chunk))
+    out = paged_attention_split(*inp.args(), plan=plan, config=KernelConfig(tile=16))
+    assert out.dtype == inp.q.dtype and out.shape == inp.q.shape
+    assert_close(out, inp.reference(), name=f"chunking {case}")
+
+
+def test_split_with_custom_scale_and_extra_chunks():
+    """More chunks than any sequence needs: the extra programs do nothing, the merge skips them."""
+    inp = make_paged_inputs([20, 9], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=8,
+                            device=DEVICE, seed=3)
+    out = paged_attention_split(*inp.args(), scale=0.3, plan=SplitPlan(8, 6),
+                                config=KernelConfig(tile=16))
+    assert_close(out, inp.reference(scale=0.3))
+
+
+def test_split_is_deterministic():
+    inp = make_paged_inputs([45, 3, 30], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                            device=DEVICE, seed=4)
+    plan = SplitPlan(16, 3)
+    a = paged_attention_split(*inp.args(), plan=plan, config=KernelConfig(tile=16))
+    b = paged_attention_split(*inp.args(), plan=plan, config=KernelConfig(tile=16))
+    assert torch.equal(a, b)
+
+
+STANDARD = {  # name: (batch, lengths) as in paged_ref.bench, 8 KV heads, 132 SMs
+    "B64_L4096": [4096] * 64,
+    "B8_L32768": [32768] * 8,
+    "B1_L131072": [131072],
+    "B256_L1024": [1024] * 256,
+    "B4_L2048": [2048] * 4,
+}
+
+
+def _plan(lens, num_kv_heads=8, num_sms=132):
+    return plan_split(batch=len(lens), num_kv_heads=num_kv_heads, max_len=max(lens),
+                      total_tokens=sum(lens), num_sms=num_sms)
+
+
+def test_plan_does_not_split_when_the_grid_is_full_and_balanced():
+    assert _plan(STANDARD["B64_L4096"]).num_chunks == 1
+    assert _plan(STANDARD["B256_L1024"]).num_chunks == 1
+
+
+def test_plan_splits_long_sequences_into_enough_programs():
+    for name in ("B8_L32768", "B1_L131072", "B4_L2048"):
+        lens = STANDARD[name]
+        plan = _plan(lens)
+        programs = len(lens) * 8 * plan.num_chunks
+        assert plan.num_chunks > 1, name
+        assert programs >= 132, f"{name}: {programs} programs leave SMs idle"
+        assert plan.chunk_size * plan.num_chunks >= max(lens), name
+        assert plan.chunk_size % 64 == 0 and plan.chunk_size >= 256, name
+
+
+def test_plan_splits_a_ragged_batch_whose_longest_sequence_dominates():
+    lens = [64] * 31 + [16384]
+    assert _plan(lens).num_chunks > 1
+
+
+@pytest.mark.parametrize("lens", [[0], [1], [0, 0], [5, 300000], [17] * 1000])
+def test_plan_is_valid_and_covers_every_token(lens):
+    plan = _plan(lens)
+    assert plan.num_chunks >= 1 and plan.chunk_size >= 1
+    assert plan.chunk_size * plan.num_chunks >= max(lens)
+    assert plan == _plan(lens)  # same numbers, same plan
+
+
+def test_plan_follows_the_number_of_multiprocessors():
+    lens = STANDARD["B8_L32768"]
+    assert _plan(lens, num_sms=264).num_chunks > _plan(lens, num_sms=66).num_chunks
