@@ -75,7 +75,8 @@ def plan_split(
     ``total_tokens x num_kv_heads`` token-heads, so an even share is ``work / slots`` tokens per
     program. Without splitting, one program walks a whole sequence, so the longest sequence
     sets the time. Split only when ``max_len`` exceeds the even share by ``IMBALANCE``; then cut
-    into equal chunks of about the even share (at least ``min_chunk``, a multiple of ``tile``).
+    into equal chunks of about the even share (at least ``min_chunk``, a multiple of ``tile``),
+    half of it when the lengths are ragged (the longest well above the mean).
     Uses only these numbers, so the plan (and the result) is the same on every call.
     """
     if max_len <= 0:
@@ -83,6 +84,10 @@ def plan_split(
     share = total_tokens * num_kv_heads / (num_sms * programs_per_sm)
     if max_len <= IMBALANCE * share:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
+    if max_len > IMBALANCE * total_tokens / batch:
+        # Ragged batch: every sequence ends in a partial chunk, so programs differ in length;
+        # cutting twice as fine evens out the last wave.
+        share /= 2
     # Cut the longest sequence into equal chunks of about the even share (never a short tail).
     num_chunks = max(1, round(max_len / max(share, min_chunk)))
     chunk = math.ceil(max_len / num_chunks / tile) * tile

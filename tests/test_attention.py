@@ -19,9 +19,9 @@ from paged_ref import paged_attention
 from paged_ref.checks import assert_close, assert_equal
 from paged_ref.testing import make_paged_inputs
 
-#: Backends checked here. The Triton ones join once their kernels exist; on a CPU they run in
-#: Triton's interpreter, which is why every case below is small.
-BACKENDS_UNDER_TEST = ["torch"]
+#: Backends checked here. On a CPU the Triton ones run in Triton's interpreter, which is why
+#: every case below is small. (Their split into several chunks is in test_triton_split.py.)
+BACKENDS_UNDER_TEST = ["torch", "triton", "triton_split"]
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

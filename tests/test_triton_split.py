@@ -102,3 +102,9 @@ def test_plan_is_valid_and_covers_every_token(lens):
 def test_plan_follows_the_number_of_multiprocessors():
     lens = STANDARD["B8_L32768"]
     assert _plan(lens, num_sms=264).num_chunks > _plan(lens, num_sms=66).num_chunks
+
+
+def test_plan_cuts_a_ragged_batch_finer_than_a_uniform_one():
+    uniform = _plan([8192] * 32)
+    ragged = _plan([16384] + [7936] * 31)  # about the same total, one long sequence
+    assert ragged.chunk_size < uniform.chunk_size
