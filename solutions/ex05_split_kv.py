@@ -1,0 +1,355 @@
+"""Lesson 05: split-KV ("flash-decoding") decode attention with a log-sum-exp merge.
+
+One program per (sequence, KV head) leaves a big GPU idle when the batch is small and the
+sequences long. Split-KV cuts each sequence into chunks of ``chunk_size`` tokens, runs one
+program per (sequence, KV head, chunk), then merges the chunks' results:
+
+* Ex 5.1 :func:`merge_partials`           the merge, in plain torch
+* Ex 5.2 :func:`partial_attention_kernel` stage 1 in Triton: attention over one chunk, writing
+                                          the normalised partial output and its log-sum-exp
+* Ex 5.3 :func:`merge_kernel`             stage 2 in Triton: merge one head's chunks
+* given  :func:`launch_partials`, :func:`launch_merge`, :func:`split_kv_decode` = 5.2 + 5.3
+
+The merge, for chunks ``c`` with normalised outputs ``o_c`` and log-sum-exps ``lse_c`` of their
+scores: ``lse = log(sum_c exp(lse_c))`` and ``out = sum_c exp(lse_c - lse) * o_c``. That is
+exactly attention over the whole sequence.
+
+Units: natural logs everywhere here (``lse = torch.logsumexp(scores)``), as in lesson 04's
+kernel. Production kernels (paged_ref's ``triton_split``, FlashInfer) work in base 2 instead:
+they fold ``log2(e)`` into the scale and use ``exp2``, the GPU's native exponential, so their
+lse is ``lse / ln 2``; the weights ``2 ** (lse2_c - lse2) = exp(lse_c - lse)`` are the same.
+
+Layout (as everywhere in the course)::
+
+    q                [B, Hq, D]                   one new token per sequence
+    k_cache, v_cache [num_blocks, block_size, Hkv, D]
+    block_tables     [B, max_blocks] int32        token t of sequence b lives in block
+                                                  block_tables[b, t // block_size],
+                                                  offset t % block_size
+    seq_lens         [B] int32
+    part_out         [B, Hq, C, D] float32        C = num_chunks; chunk c of sequence b holds
+    part_lse         [B, Hq, C] float32           tokens [c * chunk_size, (c+1) * chunk_size)
+
+The teaching kernels need ``head_dim`` to be a power of two, at least 16 (paged_ref's kernels
+pad any head_dim).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from paged_ref import _device
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 5.1: merge per-chunk attention results into attention over all the chunks.
+
+    Args:
+        outs: [C, ..., D] normalised partial outputs: ``outs[c] = softmax(s_c) @ v_c`` over the
+            tokens of chunk ``c`` alone (any leading dims ``...``, e.g. [C, B, Hq, D]).
+            ``outs[c]`` of an empty chunk may hold anything, NaN included.
+        lses: [C, ...] natural-log sum-exp of each chunk's scores, ``log(sum_t exp(s_t))``;
+            ``-inf`` for an empty chunk.
+
+    Returns:
+        out: [..., D] in ``outs``' dtype, ``sum_c w_c * outs[c]`` with weights
+            ``w_c = exp(lses[c] - lse)`` (0 for empty chunks); zeros where every chunk is empty.
+        lse: [...] ``log(sum_c exp(lses[c]))``, the log-sum-exp of all the scores (-inf where
+            every chunk is empty), so merged results can be merged again.
+
+    Example (C = 2, one head, D = 1): chunk 0 has scores [0, 0] and values [1, 3]; chunk 1 has
+    score [ln 2] and value [7]. Then ``outs = [[2.], [7.]]``, ``lses = [ln 2, ln 2]``: both
+    chunks weigh the same (each holds half of the total ``exp`` mass 4), so ``out = [4.5]``
+    and ``lse = ln 4``. Attention over [0, 0, ln 2] with values [1, 3, 7] gives the same:
+    (1 + 3 + 2 * 7) / 4 = 4.5.
+
+    Hints:
+        * Subtract the largest ``lses[c]`` before ``exp`` (``lses`` of 1000 are normal for long
+          sequences with large scores; ``exp(1000)`` is inf). Where every chunk is empty the
+          largest is ``-inf``: use 0 there instead, or you get ``-inf - -inf = nan``.
+        * ``exp(-inf) = 0`` gives empty chunks weight 0, but ``0 * nan`` is still nan: zero
+          their ``outs`` too (``torch.where``).
+        * Compute in float32 at least (``torch.promote_types(outs.dtype, torch.float32)``).
+    """
+    # BEGIN SOLUTION
+    acc = torch.promote_types(outs.dtype, torch.float32)
+    lses = lses.to(acc)
+    top = lses.amax(dim=0)  # [...]
+    top = torch.where(torch.isfinite(top), top, 0.0)  # every chunk empty: any finite value
+    w = torch.exp(lses - top)  # [C, ...], 0 for empty chunks
+    parts = torch.where(w[..., None] > 0, outs.to(acc), 0.0)  # garbage in empty chunks -> 0
+    total = w.sum(dim=0)  # [...]
+    out = (w[..., None] * parts).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]
+    return out.to(outs.dtype), top + torch.log(total)
+    # END SOLUTION
+
+
+@triton.jit
+def partial_attention_kernel(
+    part_out_ptr,  # [B, Hq, C, HEAD_DIM] float32
+    part_lse_ptr,  # [B, Hq, C] float32
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    scale,  # softmax scale (float)
+    chunk_size,  # tokens per chunk (any positive number, not only multiples of TILE)
+    num_chunks,  # C
+    stride_qb, stride_qh,  # q strides (elements)
+    stride_bt,  # block_tables row stride
+    stride_block, stride_tok, stride_head,  # cache strides: block, token in block, head
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
+    GROUP_PAD: tl.constexpr,  # max(16, next power of 2 of GROUP): tl.dot wants >= 16 rows
+    HEAD_DIM: tl.constexpr,  # a power of two >= 16
+    TILE: tl.constexpr,  # tokens per loop step, a power of two >= 16
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), else "tf32"
+    DOT_UPCAST: tl.constexpr,  # True: multiply in float32 (bf16 in Triton's interpreter)
+):
+    """Exercise 5.2: stage 1, attention over one chunk of one sequence for one GQA group.
+
+    Grid ``(B, Hkv, C)``: program ``(b, kv_head, c)`` owns tokens ``[start, end)`` with
+    ``start = c * chunk_size`` and ``end = min(start + chunk_size, seq_lens[b])``, and the
+    ``GROUP`` query heads ``h = kv_head * GROUP + g`` (``g < GROUP``) that read ``kv_head``. It
+    runs lesson 04's online softmax over those tokens only (running max ``m_i``, running sum
+    ``l_i`` of ``exp(score - m_i)``, running ``acc``), then writes for each of its heads
+
+    * ``part_out[b, h, c, :] = acc / l_i``: the chunk's *normalised* output (float32), and
+    * ``part_lse[b, h, c] = m_i + log(l_i)``: the log-sum-exp of the chunk's scaled scores.
+
+    A chunk with no tokens (``start >= seq_lens[b]``) does nothing at all: it writes nothing,
+    and the merge never reads it. Flat indices: row ``(b * Hq + h) * C + c`` of ``part_lse``,
+    and that row times ``HEAD_DIM`` plus the column in ``part_out``, where
+    ``Hq = tl.num_programs(1) * GROUP``.
+
+    Example: ``seq_lens = [100]``, ``chunk_size = 40``, ``C = 4``: programs c = 0, 1, 2 attend
+    tokens [0, 40), [40, 80), [80, 100); program c = 3 returns at once.
+
+    Hints:
+        * Put the whole body under ``if start < seq_len:``; ``end = tl.minimum(start +
+          chunk_size, seq_len)``.
+        * Lesson 04's loop (Ex 4.2 and 4.3) works unchanged on ``range(start, end, TILE)``:
+          ``tok = t0 + tl.arange(0, TILE)`` masked by ``tok < end``; block ids
+          ``tl.load(table_row + tok // BLOCK_SIZE, mask=..., other=0)`` (past ``end`` the
+          table holds garbage), cast to int64 before multiplying by ``stride_block``.
+        * Queries: rows ``g < GROUP`` of a ``[GROUP_PAD, HEAD_DIM]`` tile, other rows 0 (mask
+          the load and the stores). Scores ``tl.dot(q, tl.trans(k),
+          input_precision=DOT_PRECISION) * scale``, ``-inf`` for masked tokens.
+        * With ``DOT_UPCAST``, ``.to(tl.float32)`` q, k and v before the dots; then
+          ``tl.dot(p.to(v.dtype), v, ...)`` works for every dtype.
+        * A chunk here holds at least one token, so ``l_i > 0``: no guard for the division.
+    """
+    # BEGIN SOLUTION
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    c = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = c * chunk_size
+    if start < seq_len:
+        end = tl.minimum(start + chunk_size, seq_len)
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        heads = kv_head * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None], other=0.0)
+        if DOT_UPCAST:
+            q = q.to(tl.float32)
+        table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        for t0 in range(start, end, TILE):
+            tok = t0 + tl.arange(0, TILE)
+            t_mask = tok < end
+            block = tl.load(table_row + tok // BLOCK_SIZE, mask=t_mask, other=0)
+            rows = (block.to(tl.int64) * stride_block + (tok % BLOCK_SIZE) * stride_tok
+                    + kv_head * stride_head)
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=t_mask[:, None],
+                        other=0.0)
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=t_mask[:, None],
+                        other=0.0)
+            if DOT_UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+            scores = tl.where(t_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, TILE]
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+        row = (b * (tl.num_programs(1) * GROUP) + heads) * num_chunks + c  # [GROUP_PAD]
+        tl.store(part_lse_ptr + row, m_i + tl.log(l_i), mask=g_mask)
+        tl.store(part_out_ptr + row.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
+                 acc / l_i[:, None], mask=g_mask[:, None])
+    # END SOLUTION
+
+
+@triton.jit
+def merge_kernel(
+    out_ptr,  # [B, Hq, HEAD_DIM], the output dtype
+    part_out_ptr,  # [B, Hq, C, HEAD_DIM] float32
+    part_lse_ptr,  # [B, Hq, C] float32
+    seq_lens_ptr,
+    chunk_size,
+    num_chunks,  # C
+    stride_ob, stride_oh,  # out strides (elements)
+    HEAD_DIM: tl.constexpr,
+):
+    """Exercise 5.3: stage 2, merge the chunks of one (sequence, query head).
+
+    Grid ``(B, Hq)``: program ``(b, h)`` merges the ``used = cdiv(seq_lens[b], chunk_size)``
+    chunks that hold tokens of sequence ``b``: rows ``(b * Hq + h) * C + c`` for ``c < used``
+    (``Hq = tl.num_programs(1)``). Chunks ``c >= used`` were never written and hold garbage
+    (NaN in the tests): never read them. With ``o_c`` and ``lse_c`` the chunks' partials::
+
+        lse = log(sum_c exp(lse_c))        out[b, h, :] = sum_c exp(lse_c - lse) * o_c
+
+    stored in ``out_ptr``'s dtype. A sequence of length 0 has no chunk: zeros.
+
+    Example: two chunks with ``lse = [3, 3]`` and ``o = [[1, 1, ...], [4, 4, ...]]`` weigh
+    1/2 each: out = [2.5, 2.5, ...]. With ``lse = [3 + ln 2, 3]`` the first weighs 2/3:
+    out = [2, 2, ...].
+
+    Hints:
+        * The merge is itself an online softmax, over chunks instead of tokens: a running max
+          ``m_i`` (start at ``-inf``), a running weight sum ``l_i`` and a running
+          ``acc [HEAD_DIM]``. For each chunk: ``m_new = max(m_i, lse_c)``, rescale ``l_i`` and
+          ``acc`` by ``exp(m_i - m_new)``, add ``w = exp(lse_c - m_new)`` and ``w * o_c``.
+        * ``for c in range(0, used)``: one chunk per step, a scalar lse and a [HEAD_DIM] row.
+          Loop-carried values must keep one type: ``m_i = tl.full([], float("-inf"),
+          tl.float32)``, ``l_i = tl.zeros([], tl.float32)``.
+        * Divide by ``l_i`` only where ``l_i > 0`` (``tl.where``): empty sequences give zeros.
+        * ``out.to(out_ptr.dtype.element_ty)`` before ``tl.store``.
+    """
+    # BEGIN SOLUTION
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    used = tl.cdiv(seq_len, chunk_size)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row0 = (b * tl.num_programs(1) + h) * num_chunks
+    m_i = tl.full([], float("-inf"), tl.float32)
+    l_i = tl.zeros([], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for c in range(0, used):
+        lse = tl.load(part_lse_ptr + row0 + c)
+        o = tl.load(part_out_ptr + (row0 + c).to(tl.int64) * HEAD_DIM + offs_d)
+        m_new = tl.maximum(m_i, lse)
+        alpha = tl.exp(m_i - m_new)
+        w = tl.exp(lse - m_new)
+        l_i = l_i * alpha + w
+        acc = acc * alpha + w * o
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+    # END SOLUTION
+
+
+# ----------------------------------------------------------------------------- given
+
+def num_chunks_for(seq_lens: torch.Tensor, chunk_size: int) -> int:
+    """Chunks per sequence for ``chunk_size``: enough for the longest sequence (at least 1)."""
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    return max(1, math.ceil(longest / chunk_size))
+
+
+def _dot_options(dtype: torch.dtype) -> dict:
+    # float32: exact products (tf32 would miss 1e-5). Triton 3.6's interpreter computes garbage
+    # for tl.dot on bfloat16, so there (only there) the kernel multiplies in float32.
+    upcast = _device.INTERPRET and dtype == torch.bfloat16
+    return dict(DOT_PRECISION="ieee" if dtype == torch.float32 or upcast else "tf32",
+                DOT_UPCAST=upcast)
+
+
+def launch_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    chunk_size: int,
+    num_chunks: int,
+    scale: float | None = None,
+    tile: int = 32,
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given: launch stage 1 (:func:`partial_attention_kernel`) on grid (B, Hkv, num_chunks).
+
+    Returns ``(part_out [B, Hq, C, D] float32, part_lse [B, Hq, C] float32)``.
+    Entries of chunks with no tokens are left as they were: uninitialised memory, or what
+    ``buffers`` (preallocated ``(part_out, part_lse)``, e.g. filled with NaN) held.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"the teaching kernels need head_dim a power of two >= 16, got {head_dim}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if buffers is None:
+        buffers = (
+            torch.empty(batch, num_q_heads, num_chunks, head_dim, dtype=torch.float32,
+                        device=q.device),
+            torch.empty(batch, num_q_heads, num_chunks, dtype=torch.float32, device=q.device),
+        )
+    part_out, part_lse = buffers
+    if batch == 0:
+        return part_out, part_lse
+    group = num_q_heads // num_kv_heads
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    partial_attention_kernel[(batch, num_kv_heads, num_chunks)](
+        part_out, part_lse, q, k_cache, v_cache, block_tables, seq_lens,
+        scale, chunk_size, num_chunks,
+        q.stride(0), q.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, TILE=tile, **_dot_options(q.dtype),
+    )
+    return part_out, part_lse
+
+
+def launch_merge(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    chunk_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Given: launch stage 2 (:func:`merge_kernel`) on grid (B, Hq); returns [B, Hq, D] in
+    ``dtype``. Reads only the chunks that hold tokens."""
+    batch, num_q_heads, num_chunks, head_dim = part_out.shape
+    out = torch.empty(batch, num_q_heads, head_dim, dtype=dtype, device=part_out.device)
+    if batch == 0:
+        return out
+    merge_kernel[(batch, num_q_heads)](
+        out, part_out, part_lse, seq_lens, chunk_size, num_chunks,
+        out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+    )
+    return out
+
+
+def split_kv_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    chunk_size: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Given (not an exercise): split-KV decode attention = 5.2 (partials) + 5.3 (merge).
+
+    Same contract as ``paged_ref.paged_attention`` for valid inputs (head_dim a power of two
+    >= 16 here): returns [B, Hq, D] in q's dtype; a sequence of length 0 gives zeros.
+    """
+    num_chunks = num_chunks_for(seq_lens, chunk_size)
+    part_out, part_lse = launch_partials(q, k_cache, v_cache, block_tables, seq_lens,
+                                         chunk_size=chunk_size, num_chunks=num_chunks,
+                                         scale=scale)
+    return launch_merge(part_out, part_lse, seq_lens, chunk_size=chunk_size, dtype=q.dtype)
