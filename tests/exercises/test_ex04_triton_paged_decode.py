@@ -293,7 +293,7 @@ def test_load_kv_tile_uses_64bit_offsets(ex, request, tmp_path):
     ids=["f32_gqa4_bs16_d64", "f32_mha_bs1_d80", "f16_gqa4_bs16_d80", "f16_mha_bs16_d64",
          "bf16_gqa4_bs1_d64"],
 )
-def test_paged_decode_matches_reference(ex, seq_lens, hq, hkv, head_dim, block_size, dtype,
+def test_attend_sequence_matches_reference(ex, seq_lens, hq, hkv, head_dim, block_size, dtype,
                                         poison):
     inp = make_paged_inputs(seq_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
                             block_size=block_size, dtype=dtype, device=DEVICE, poison=poison,
@@ -306,7 +306,7 @@ def test_paged_decode_matches_reference(ex, seq_lens, hq, hkv, head_dim, block_s
 
 
 @needs_triton
-def test_paged_decode_many_tiles_with_peaky_scores(ex):
+def test_attend_sequence_many_tiles_with_peaky_scores(ex):
     """100 tokens = 4 tiles of 32 with large scores: the running max moves between tiles."""
     inp = make_paged_inputs([100, 70], num_q_heads=4, num_kv_heads=1, head_dim=64, block_size=16,
                             device=DEVICE, seed=50)
@@ -316,7 +316,7 @@ def test_paged_decode_many_tiles_with_peaky_scores(ex):
 
 
 @needs_triton
-def test_paged_decode_uses_the_scale(ex):
+def test_attend_sequence_uses_the_scale(ex):
     inp = make_paged_inputs([9, 40], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
                             device=DEVICE, seed=51)
     out = run_kernel(ex.paged_decode, *inp.args(), scale=0.3)
@@ -324,7 +324,7 @@ def test_paged_decode_uses_the_scale(ex):
 
 
 @needs_triton
-def test_paged_decode_empty_sequences_are_zero(ex):
+def test_attend_sequence_empty_sequences_are_zero(ex):
     inp = make_paged_inputs([0, 0, 0], num_q_heads=4, num_kv_heads=2, head_dim=64,
                             block_size=16, device=DEVICE, poison="nan", seed=52)
     out = run_kernel(ex.paged_decode, *inp.args())
