@@ -101,33 +101,34 @@ class Lengths:
 def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
     """Lengths and used table entries; returns the longest and total length.
 
-    Reads values back from the device once (one sync): all checks and both sums travel in one
-    small tensor; only when a check fails is the offending entry looked up for the message.
+    Reads values back from the device once (one sync) after a handful of small kernels: all
+    checks and both sums travel in one small tensor; only when a check fails is the offending
+    entry looked up for the message.
     """
     if shapes.batch == 0:
         return Lengths(0, 0)
-    lens = seq_lens.long()
+    first_token = torch.arange(0, shapes.max_blocks_per_seq * shapes.block_size,
+                               shapes.block_size, device=seq_lens.device)
+    used = first_token[None, :] < seq_lens[:, None]  # [B, max_blocks]: block j holds tokens
+    outside = block_tables.clamp(0, shapes.num_blocks - 1) != block_tables
+    bad_entries = (used & outside).sum()
+    shortest, longest, total, bad = torch.stack(
+        [seq_lens.min().long(), seq_lens.max().long(), seq_lens.sum(), bad_entries]
+    ).tolist()
     capacity = shapes.max_blocks_per_seq * shapes.block_size
-    used_blocks = (lens.clamp(min=0) + shapes.block_size - 1) // shapes.block_size  # [B]
-    cols = torch.arange(shapes.max_blocks_per_seq, device=lens.device)
-    used = cols[None, :] < used_blocks[:, None]
-    bad_entry = used & ((block_tables < 0) | (block_tables >= shapes.num_blocks))
-    negative, too_long, bad, max_len, total = torch.stack([
-        (lens < 0).any(), (lens > capacity).any(), bad_entry.any(), lens.max(), lens.sum()
-    ]).tolist()
-    if negative:
-        b = int((lens < 0).nonzero()[0])
-        raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is negative")
-    if too_long:
-        b = int((lens > capacity).nonzero()[0])
+    if shortest < 0:
+        b = int((seq_lens < 0).nonzero()[0])
+        raise ValueError(f"seq_lens[{b}] = {int(seq_lens[b])} is negative")
+    if longest > capacity:
+        b = int((seq_lens > capacity).nonzero()[0])
         raise ValueError(
-            f"seq_lens[{b}] = {int(lens[b])} needs more blocks than block_tables holds "
+            f"seq_lens[{b}] = {int(seq_lens[b])} needs more blocks than block_tables holds "
             f"({shapes.max_blocks_per_seq} blocks x block_size {shapes.block_size} = {capacity})"
         )
     if bad:
-        b, j = (int(i) for i in bad_entry.nonzero()[0])
+        b, j = (int(i) for i in (used & outside).nonzero()[0])
         raise ValueError(
             f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is outside [0, num_blocks="
-            f"{shapes.num_blocks}) but sequence {b} uses it (seq_lens[{b}] = {int(lens[b])})"
+            f"{shapes.num_blocks}) but sequence {b} uses it (seq_lens[{b}] = {int(seq_lens[b])})"
         )
-    return Lengths(int(max_len), int(total))
+    return Lengths(int(longest), int(total))
