@@ -39,6 +39,47 @@ def graph_ms(fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
 
 
+def host_breakdown(inp, plan, config) -> None:
+    """Host microseconds of each piece of paged_attention_split's launch path."""
+    from paged_ref.triton_decode import launch_constants
+    from paged_ref.triton_split import merge_kernel, split_kv_kernel
+
+    q, k, v, bt, lens = inp.args()
+    batch, num_q_heads, head_dim = q.shape
+    consts = launch_constants(q, k, None)
+    qk_scale = consts.pop("qk_scale")
+    part_out = torch.empty(batch, num_q_heads, plan.num_chunks, head_dim, device="cuda")
+    part_lse = torch.empty(batch, num_q_heads, plan.num_chunks, device="cuda")
+    out = torch.empty_like(q)
+
+    def split():
+        split_kv_kernel[(batch, k.shape[2], plan.num_chunks)](
+            part_out, part_lse, q, k, v, bt, lens, qk_scale, plan.chunk_size,
+            q.stride(0), q.stride(1), bt.stride(0), k.stride(0), k.stride(1), k.stride(2),
+            num_q_heads, plan.num_chunks, TILE=config.tile, num_warps=config.num_warps,
+            num_stages=config.num_stages, **consts)
+
+    def merge():
+        merge_kernel[(batch, num_q_heads)](
+            out, part_out, part_lse, lens, plan.chunk_size, out.stride(0), out.stride(1),
+            num_q_heads, plan.num_chunks, HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
+            CHUNK_TILE=16, num_warps=4)
+
+    pieces = {
+        "launch_constants": lambda: launch_constants(q, k, None),
+        "2x torch.empty": lambda: (torch.empty(batch, num_q_heads, plan.num_chunks, head_dim,
+                                               device="cuda"),
+                                   torch.empty(batch, num_q_heads, plan.num_chunks,
+                                               device="cuda")),
+        "split_kv_kernel launch": split,
+        "merge_kernel launch": merge,
+        "paged_attention_split": lambda: paged_attention_split(*inp.args(), plan=plan,
+                                                               config=config, out=out),
+    }
+    for name, fn in pieces.items():
+        print(f"host {name:24s} {cpu_us(fn, 2000):6.1f} us/call", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("case")
@@ -47,6 +88,8 @@ def main():
     p.add_argument("--warps", default="4")
     p.add_argument("--stages", default="3")
     p.add_argument("--overhead", action="store_true", help="also CPU us/call and graph replay")
+    p.add_argument("--host-breakdown", action="store_true",
+                   help="host us/call of each piece of the split launch path")
     args = p.parse_args()
     lens = CASES[args.case]
     inp = make_paged_inputs(lens, device="cuda", **SHAPE)
@@ -66,6 +109,13 @@ def main():
         variants[f"split chunks={n or 'plan'} t{t} w{w} s{s}"] = (
             lambda c=cfg, p=plan: paged_attention_split(*inp.args(), plan=p, config=c, out=out)
             if p else paged_attention_split(*inp.args(), config=c, out=out))
+    if args.host_breakdown:
+        from paged_ref.attention import split_plan_for
+        from paged_ref.validation import Lengths
+
+        plan = split_plan_for(inp.q, inp.k_cache, Lengths(max_len, sum(lens)))
+        host_breakdown(inp, plan, KernelConfig())
+        return
     if args.overhead:
         for label, (_, _, fn) in flashinfer_runners(inp).items():
             variants[label] = fn
