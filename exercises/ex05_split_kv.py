@@ -18,9 +18,9 @@ scores: ``lse = log(sum_c exp(lse_c))`` and ``out = sum_c exp(lse_c - lse) * o_c
 exactly attention over the whole sequence.
 
 Units: natural logs everywhere here (``lse = torch.logsumexp(scores)``), as in lesson 04's
-kernel. Production kernels (paged_ref's ``triton_split``, FlashInfer) work in base 2 instead:
-they fold ``log2(e)`` into the scale and use ``exp2``, the GPU's native exponential, so their
-lse is ``lse / ln 2``; the weights ``2 ** (lse2_c - lse2) = exp(lse_c - lse)`` are the same.
+kernel. paged_ref's ``triton_split`` (like many production kernels) works in base 2 instead:
+it folds ``log2(e)`` into the scale and uses ``exp2``, the GPU's native exponential, so its lse
+is ``lse / ln 2``; the weights ``2 ** (lse2_c - lse2) = exp(lse_c - lse)`` are the same.
 
 Layout (as everywhere in the course)::
 
