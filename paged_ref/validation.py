@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Block tables up to this many entries (4 MiB) are checked on the host after one copy.
+HOST_CHECK_MAX_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -101,12 +103,18 @@ class Lengths:
 def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
     """Lengths and used table entries; returns the longest and total length.
 
-    Reads values back from the device once (one sync) after a handful of small kernels: all
-    checks and both sums travel in one small tensor; only when a check fails is the offending
-    entry looked up for the message.
+    Reads values back from the device once (one sync): small tables are copied to the host and
+    checked there; large ones are reduced on the device to one small tensor. Only when a check
+    fails is the offending entry looked up for the message.
     """
     if shapes.batch == 0:
         return Lengths(0, 0)
+    if seq_lens.is_cuda and block_tables.numel() <= HOST_CHECK_MAX_ENTRIES:
+        # One copy to the host, then the checks there: a few CPU ops cost less than a
+        # dozen tiny GPU launches. (Large tables stay on the device.)
+        packed = torch.cat([seq_lens, block_tables.flatten()]).cpu()
+        seq_lens, block_tables = packed[: shapes.batch], packed[shapes.batch :].view(
+            shapes.batch, shapes.max_blocks_per_seq)
     first_token = torch.arange(0, shapes.max_blocks_per_seq * shapes.block_size,
                                shapes.block_size, device=seq_lens.device)
     used = first_token[None, :] < seq_lens[:, None]  # [B, max_blocks]: block j holds tokens

@@ -67,3 +67,20 @@ def test_gpu_offsets_past_2_to_the_31():
     for backend in ("triton", "triton_split"):
         out = paged_ref.paged_attention(q, k, v, table, seq_lens, backend=backend)
         assert_close(out, ref, name=backend)
+
+
+@pytest.mark.parametrize("table_width", [8, (1 << 20) // 2 + 1])  # host check, device check
+def test_gpu_value_checks(table_width):
+    inp = make_paged_inputs([5, 40], num_q_heads=4, num_kv_heads=2, head_dim=64, device="cuda",
+                            spare_columns=table_width, seed=7)
+    args = list(inp.args())
+    out = paged_ref.paged_attention(*args, backend="triton")  # garbage past the used blocks
+    assert_close(out, inp.reference())
+    bad_table = inp.block_tables.clone()
+    bad_table[1, 2] = inp.k_cache.shape[0]
+    with pytest.raises(ValueError, match=r"block_tables\[1, 2\]"):
+        paged_ref.paged_attention(*args[:3], bad_table, args[4])
+    bad_lens = inp.seq_lens.clone()
+    bad_lens[0] = -1
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]"):
+        paged_ref.paged_attention(*args[:4], bad_lens)
