@@ -23,6 +23,7 @@ lab: install
 
 ## The whole suite, CPU only: paged_ref, solutions, exercise pipeline, every notebook.
 test: install
+	$(VENV)/bin/ruff check .
 	PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
 
 ## Your exercises: make test-exercises EX=ex02

@@ -1,4 +1,4 @@
-# Your exercises for lesson 2: replace each `raise NotImplementedError(...)` with code.
+# Your exercises for lesson 2: replace each `raise NotImplementedError(...)`.
 # The lesson notebook's check cells (or `make test-exercises EX=ex02`) test this file.
 # Generated from solutions/ex02_block_allocator.py by tools/make_exercises.py.
 """Lesson 02: a block allocator and block tables.

@@ -1,4 +1,4 @@
-# Your exercises for lesson 3: replace each `raise NotImplementedError(...)` with code.
+# Your exercises for lesson 3: replace each `raise NotImplementedError(...)`.
 # The lesson notebook's check cells (or `make test-exercises EX=ex03`) test this file.
 # Generated from solutions/ex03_gather_attention.py by tools/make_exercises.py.
 """Lesson 03: decode attention over a paged KV cache, the naive way (gather, then attend).

@@ -1,4 +1,4 @@
-# Your exercises for lesson 4: replace each `raise NotImplementedError(...)` with code.
+# Your exercises for lesson 4: replace each `raise NotImplementedError(...)`.
 # The lesson notebook's check cells (or `make test-exercises EX=ex04`) test this file.
 # Generated from solutions/ex04_triton_paged_decode.py by tools/make_exercises.py.
 """Lesson 04: a Triton kernel that reads the paged KV cache in place (one pass, online softmax).

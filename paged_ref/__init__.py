@@ -6,7 +6,7 @@ Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManage
 """
 
 # Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.
-from paged_ref import _device  # noqa: I001
+from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.manager import KVCacheManager

@@ -86,7 +86,7 @@ def assert_equal(got, expected, *, name: str = "value") -> None:
         return
     if got != expected:
         if isinstance(got, list) and isinstance(expected, list):
-            for i, (a, b) in enumerate(zip(got, expected)):
+            for i, (a, b) in enumerate(zip(got, expected, strict=False)):
                 if a != b:
                     raise AssertionError(
                         f"{name}: first difference at index {i}: expected {b!r}, got {a!r}\n"

@@ -98,7 +98,7 @@ def make_paged_inputs(
     owned = torch.zeros(num_blocks, block_size, dtype=torch.bool, device=device)
     order = torch.randperm(num_blocks, generator=gen, device=device)
     next_block = 0
-    for b, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
+    for b, (n, nb) in enumerate(zip(lens, blocks_per_seq, strict=True)):
         ids = order[next_block : next_block + nb]
         next_block += nb
         table[b, :nb] = ids

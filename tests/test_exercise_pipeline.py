@@ -30,7 +30,8 @@ def test_exercises_are_generated_from_solutions():
 
 
 def test_every_solution_has_tests():
-    missing = [s for s in SOLUTION_FILES if not (ROOT / "tests/exercises" / f"test_{s}.py").exists()]
+    tests = ROOT / "tests" / "exercises"
+    missing = [s for s in SOLUTION_FILES if not (tests / f"test_{s}.py").exists()]
     assert not missing, f"solutions without tests/exercises/test_<name>.py: {missing}"
 
 

@@ -19,7 +19,7 @@ SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 HEADER = (
-    "# Your exercises for lesson {lesson}: replace each `raise NotImplementedError(...)` with code.\n"
+    "# Your exercises for lesson {lesson}: replace each `raise NotImplementedError(...)`.\n"
     "# The lesson notebook's check cells (or `make test-exercises EX={stem}`) test this file.\n"
     "# Generated from solutions/{name} by tools/make_exercises.py.\n"
 )
