@@ -1,4 +1,4 @@
-# Your exercises for lesson 5: replace each `raise NotImplementedError(...)` with code.
+# Your exercises for lesson 5: replace each `raise NotImplementedError(...)`.
 # The lesson notebook's check cells (or `make test-exercises EX=ex05`) test this file.
 # Generated from solutions/ex05_split_kv.py by tools/make_exercises.py.
 """Lesson 05: split-KV ("flash-decoding") decode attention with a log-sum-exp merge.
