@@ -63,10 +63,9 @@ def check(name: str, impl: str | None = None, keyword: str | None = None) -> dic
     impl = impl or current_impl()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        # nbval stays loaded: pyproject's addopts pass --nbval-* options, which pytest
-        # rejects when the plugin is off ("-p no:nbval"). It only collects .ipynb files.
+        # "-o addopts=": drop the project's notebook options (nbval need not be installed).
         cmd = [sys.executable, "-m", "pytest", str(_test_file(name)), "--impl", impl,
-               "-p", "no:xdist", "-q", "--no-header",
+               "-o", "addopts=", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--no-header",
                f"--junitxml={report}", "-o", "junit_family=xunit2"]
         if keyword:
             cmd += ["-k", keyword]
