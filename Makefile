@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml tools/install_torch.sh
 	$(PY) -m ipykernel install --user --name paged-ref --display-name "Python (paged-ref)" >/dev/null
 	touch $(STAMP)
 
-## Open JupyterLab on the lessons.
+## Open JupyterLab on the lessons (as root, e.g. in a container, with --allow-root).
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: install
-	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/00_setup.ipynb
 
 ## The whole suite, CPU only: paged_ref, solutions, exercise pipeline, every notebook.
 test: install
