@@ -44,12 +44,13 @@ def split_plan_for(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths):
     )
 
 
-def choose_backend(q: torch.Tensor, plan) -> str:
+def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
     """What ``backend="auto"`` runs: ``"torch"`` off the GPU (the interpreter is for learning,
     not speed); on a GPU ``"triton_split"`` when the split plan has more than one chunk,
     else the one-pass ``"triton"``."""
     if q.device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET:
         return "torch"
+    plan = split_plan_for(q, k_cache, lengths)
     return "triton_split" if plan.num_chunks > 1 else "triton"
 
 
@@ -80,11 +81,8 @@ def paged_attention(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
     lengths = check_values(block_tables, seq_lens, shapes)
-    if backend == "auto" and q.device.type == "cuda" and _device.HAS_TRITON:
-        plan = split_plan_for(q, k_cache, lengths)
-        backend = choose_backend(q, plan)
-    elif backend == "auto":
-        backend = "torch"
+    if backend == "auto":
+        backend = choose_backend(q, k_cache, lengths)
     if backend == "torch":
         return paged_attention_torch(
             q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=lengths.max_len

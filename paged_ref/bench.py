@@ -125,7 +125,8 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
     args = inp.args()
     max_len = int(inp.seq_lens.max())
     out = torch.empty_like(inp.q)
-    plan = split_plan_for(inp.q, inp.k_cache, Lengths(max_len, int(inp.seq_lens.sum())))
+    lengths = Lengths(max_len, int(inp.seq_lens.sum()))
+    plan = split_plan_for(inp.q, inp.k_cache, lengths)
     runners = {}
     if "torch" in backends:
         runners["torch"] = ("torch", {}, lambda: paged_attention_torch(*args, max_len=max_len))
@@ -148,7 +149,7 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
                              "sweep": "chunks"},
             lambda p=sweep_plan: paged_attention_split(*args, plan=p, out=out))
     if "auto" in backends:
-        picked = choose_backend(inp.q, plan)
+        picked = choose_backend(inp.q, inp.k_cache, lengths)
         runners["auto"] = ("auto", {"picked": picked, "includes_checks": True},
                            lambda: paged_attention(*args, backend="auto"))
     return runners
