@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError, check_int
+from paged_ref.reference import token_slots
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -218,8 +219,7 @@ class KVCacheManager:
                 f"need 0 <= start <= end <= seq_len, got start={start}, end={end}, "
                 f"seq_len={length} for sequence {seq_id!r}"
             )
-        bs = self.block_size
-        return [table[t // bs] * bs + t % bs for t in range(start, end)]
+        return token_slots(table, end, self.block_size, start)
 
     def batch_tables(
         self, seq_ids: Iterable[Hashable], device: str | torch.device = "cpu"

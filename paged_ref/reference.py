@@ -20,9 +20,10 @@ def default_scale(head_dim: int, scale: float | None) -> float:
     return head_dim**-0.5 if scale is None else float(scale)
 
 
-def token_slots(block_table: list[int], seq_len: int, block_size: int) -> list[int]:
-    """Slots of tokens ``0 .. seq_len-1`` of one sequence: ``block * block_size + offset``."""
-    return [block_table[t // block_size] * block_size + t % block_size for t in range(seq_len)]
+def token_slots(block_table: list[int], seq_len: int, block_size: int, start: int = 0) -> list[int]:
+    """Slots of tokens ``start .. seq_len-1`` of one sequence: ``block * block_size + offset``."""
+    return [block_table[t // block_size] * block_size + t % block_size
+            for t in range(start, seq_len)]
 
 
 def paged_attention_reference(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from paged_ref.allocator import check_int
+from paged_ref.manager import blocks_needed
 from paged_ref.reference import token_slots
 from paged_ref.validation import CACHE_DTYPES
 
@@ -136,7 +137,7 @@ class PagedKVCache:
         self._check_layer(layer)
         seq_len = check_int("seq_len", seq_len)
         table = self._int_list("block_table", block_table)
-        used = -(-seq_len // self.block_size)
+        used = blocks_needed(seq_len, self.block_size)
         if used > len(table):
             raise ValueError(
                 f"seq_len {seq_len} needs {used} blocks of {self.block_size} tokens but "

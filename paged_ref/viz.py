@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, FancyArrowPatch, Rectangle
 
 from paged_ref.allocator import OutOfBlocksError
-from paged_ref.manager import KVCacheManager
+from paged_ref.manager import KVCacheManager, blocks_needed
 
 #: Colours for requests (tab10 without its grey, which marks free blocks).
 PALETTE = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]
@@ -172,7 +172,7 @@ def draw_contiguous_vs_paged(seq_lens: Sequence[int], max_len: int, block_size: 
     n = len(seq_lens)
     tokens = sum(seq_lens)
     contiguous = n * max_len
-    blocks = [-(-s // block_size) for s in seq_lens]
+    blocks = [blocks_needed(s, block_size) for s in seq_lens]
     paged = sum(blocks) * block_size
 
     fig = Figure(figsize=(11, 1.2 + 0.5 * 2 * max(n, 1)), layout="constrained")
@@ -225,7 +225,7 @@ def draw_token_lookup(block_table: Sequence[int], seq_len: int, block_size: int,
     block_table = [int(b) for b in block_table]
     if not 0 <= token < seq_len:
         raise ValueError(f"token must be in [0, seq_len={seq_len}), got {token}")
-    used = -(-seq_len // block_size)
+    used = blocks_needed(seq_len, block_size)
     if used > len(block_table):
         raise ValueError(f"seq_len={seq_len} needs {used} table entries, got {len(block_table)}")
     j, off = divmod(token, block_size)
@@ -348,7 +348,7 @@ class BlockTableExplorer:
         else:
             length = self.manager.seq_len(seq_id)
             have = len(self.manager.block_table(seq_id))
-            need = -(-(length + n) // self.block_size) - have
+            need = blocks_needed(length + n, self.block_size) - have
             if need > self.manager.num_free_blocks:
                 self.message = (f"OUT OF BLOCKS: req {seq_id} needs {need} new block(s) for "
                                 f"{n} more token(s) but only {self.manager.num_free_blocks} "
