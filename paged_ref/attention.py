@@ -34,23 +34,15 @@ def _check_triton_usable(backend: str, q: torch.Tensor) -> None:
         )
 
 
-def split_plan_for(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths):
-    """The split-KV plan for these inputs on this device."""
-    from paged_ref.triton_split import num_multiprocessors, plan_split
-
-    return plan_split(
-        batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
-        total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
-    )
-
-
 def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
     """What ``backend="auto"`` runs: ``"torch"`` off the GPU (the interpreter is for learning,
     not speed); on a GPU ``"triton_split"`` when the split plan has more than one chunk,
     else the one-pass ``"triton"``."""
     if q.device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET:
         return "torch"
-    plan = split_plan_for(q, k_cache, lengths)
+    from paged_ref.triton_split import plan_for_inputs
+
+    plan = plan_for_inputs(q, k_cache, lengths)
     return "triton_split" if plan.num_chunks > 1 else "triton"
 
 
@@ -92,9 +84,9 @@ def paged_attention(
         from paged_ref.triton_decode import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
-    from paged_ref.triton_split import paged_attention_split
+    from paged_ref.triton_split import paged_attention_split, plan_for_inputs
 
     return paged_attention_split(
         q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-        plan=split_plan_for(q, k_cache, lengths),
+        plan=plan_for_inputs(q, k_cache, lengths),
     )

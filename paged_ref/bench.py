@@ -117,16 +117,16 @@ def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
 
 def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
     """label -> (backend, extra info, zero-argument callable returning the output)."""
-    from paged_ref.attention import choose_backend, paged_attention, split_plan_for
+    from paged_ref.attention import choose_backend, paged_attention
     from paged_ref.triton_decode import KernelConfig, paged_attention_triton
-    from paged_ref.triton_split import SplitPlan, paged_attention_split
+    from paged_ref.triton_split import SplitPlan, paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
 
     args = inp.args()
     max_len = int(inp.seq_lens.max())
     out = torch.empty_like(inp.q)
     lengths = Lengths(max_len, int(inp.seq_lens.sum()))
-    plan = split_plan_for(inp.q, inp.k_cache, lengths)
+    plan = plan_for_inputs(inp.q, inp.k_cache, lengths)
     runners = {}
     if "torch" in backends:
         runners["torch"] = ("torch", {}, lambda: paged_attention_torch(*args, max_len=max_len))

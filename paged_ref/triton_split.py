@@ -31,6 +31,7 @@ from paged_ref.triton_decode import (
     load_group_queries,
     paged_attention_triton,
 )
+from paged_ref.validation import Lengths
 
 #: Programs that run at once on one multiprocessor (a rough figure for these kernels).
 PROGRAMS_PER_SM = 4
@@ -95,6 +96,14 @@ def plan_split(
     if num_chunks == 1:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
     return SplitPlan(chunk_size=chunk, num_chunks=num_chunks)
+
+
+def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
+    """:func:`plan_split` for these inputs on their device (``lengths`` from the checks)."""
+    return plan_split(
+        batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
+        total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
+    )
 
 
 @triton.jit
@@ -205,13 +214,8 @@ def paged_attention_split(
     if batch == 0:
         return out
     if plan is None:
-        if max_len is None:
-            max_len = int(seq_lens.max())
-        plan = plan_split(
-            batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
-            total_tokens=int(seq_lens.sum()), num_sms=num_multiprocessors(q.device),
-            tile=config.tile,
-        )
+        max_len = int(seq_lens.max()) if max_len is None else max_len
+        plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
     if plan.num_chunks == 1:  # one chunk per sequence is the one-pass kernel, with no merge
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                       config=config, out=out)

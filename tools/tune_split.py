@@ -110,10 +110,10 @@ def main():
             lambda c=cfg, p=plan: paged_attention_split(*inp.args(), plan=p, config=c, out=out)
             if p else paged_attention_split(*inp.args(), config=c, out=out))
     if args.host_breakdown:
-        from paged_ref.attention import split_plan_for
+        from paged_ref.triton_split import plan_for_inputs
         from paged_ref.validation import Lengths
 
-        plan = split_plan_for(inp.q, inp.k_cache, Lengths(max_len, sum(lens)))
+        plan = plan_for_inputs(inp.q, inp.k_cache, Lengths(max_len, sum(lens)))
         host_breakdown(inp, plan, KernelConfig())
         return
     if args.overhead:
