@@ -40,7 +40,7 @@ lint: install
 
 ## GPU only: python -m paged_ref.bench
 bench: install
-	$(PY) -m paged_ref.bench
+	$(PY) -m paged_ref.course.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

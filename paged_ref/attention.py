@@ -40,7 +40,7 @@ def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> 
     else the one-pass ``"triton"``."""
     if q.device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET:
         return "torch"
-    from paged_ref.triton_split import plan_for_inputs
+    from paged_ref.kernels.triton_split import plan_for_inputs
 
     plan = plan_for_inputs(q, k_cache, lengths)
     return "triton_split" if plan.num_chunks > 1 else "triton"
@@ -81,10 +81,10 @@ def paged_attention(
         )
     _check_triton_usable(backend, q)
     if backend == "triton":
-        from paged_ref.triton_decode import paged_attention_triton
+        from paged_ref.kernels.triton_decode import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
-    from paged_ref.triton_split import paged_attention_split, plan_for_inputs
+    from paged_ref.kernels.triton_split import paged_attention_split, plan_for_inputs
 
     return paged_attention_split(
         q, k_cache, v_cache, block_tables, seq_lens, scale=scale,

@@ -25,12 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError, check_int
-from paged_ref.reference import token_slots
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
-    return -(-num_tokens // block_size)
+from paged_ref.cache_math import blocks_needed, token_slots
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,7 @@ from __future__ import annotations
 
 import torch
 
-
-def default_scale(head_dim: int, scale: float | None) -> float:
-    """``scale`` if given, else ``head_dim ** -0.5``."""
-    return head_dim**-0.5 if scale is None else float(scale)
-
-
-def token_slots(block_table: list[int], seq_len: int, block_size: int, start: int = 0) -> list[int]:
-    """Slots of tokens ``start .. seq_len-1`` of one sequence: ``block * block_size + offset``."""
-    return [block_table[t // block_size] * block_size + t % block_size
-            for t in range(start, seq_len)]
+from paged_ref.cache_math import default_scale, token_slots  # noqa: F401  (re-exported)
 
 
 def paged_attention_reference(

@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 
 from paged_ref.allocator import check_int
-from paged_ref.manager import blocks_needed
-from paged_ref.reference import token_slots
+from paged_ref.cache_math import blocks_needed, token_slots
 from paged_ref.validation import CACHE_DTYPES
 
 

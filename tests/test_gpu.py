@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import paged_ref
-from paged_ref.checks import assert_close
-from paged_ref.testing import make_paged_inputs, ragged_lengths
-from paged_ref.triton_split import SplitPlan, paged_attention_split
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 
 import paged_ref
 from paged_ref import KVCacheManager, OutOfBlocksError
-from paged_ref.checks import assert_close
+from paged_ref.course.checks import assert_close
 from paged_ref.manager import CacheStats, blocks_needed
 from paged_ref.reference import paged_attention_reference
 

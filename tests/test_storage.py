@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paged_ref import KVCacheManager, PagedKVCache
-from paged_ref.checks import assert_equal
+from paged_ref.course.checks import assert_equal
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from paged_ref import paged_attention
-from paged_ref.testing import make_paged_inputs
+from paged_ref.course.testing import make_paged_inputs
 
 BLOCK_SIZE = 8
 

@@ -18,10 +18,10 @@ import time
 import torch
 import triton.testing
 
-from paged_ref.bench import CASES, SHAPE, bytes_moved, flashinfer_runners
-from paged_ref.testing import make_paged_inputs
-from paged_ref.triton_decode import KernelConfig
-from paged_ref.triton_split import SplitPlan, paged_attention_split
+from paged_ref.course.bench import CASES, SHAPE, bytes_moved, flashinfer_runners
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.kernels.triton_decode import KernelConfig
+from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 
 
 def cpu_us(fn, n=300) -> float:
@@ -41,8 +41,8 @@ def graph_ms(fn) -> float:
 
 def host_breakdown(inp, plan, config) -> None:
     """Host microseconds of each piece of paged_attention_split's launch path."""
-    from paged_ref.triton_decode import launch_constants
-    from paged_ref.triton_split import merge_kernel, split_kv_kernel
+    from paged_ref.kernels.triton_decode import launch_constants
+    from paged_ref.kernels.triton_split import merge_kernel, split_kv_kernel
 
     q, k, v, bt, lens = inp.args()
     batch, num_q_heads, head_dim = q.shape
@@ -110,7 +110,7 @@ def main():
             lambda c=cfg, p=plan: paged_attention_split(*inp.args(), plan=p, config=c, out=out)
             if p else paged_attention_split(*inp.args(), config=c, out=out))
     if args.host_breakdown:
-        from paged_ref.triton_split import plan_for_inputs
+        from paged_ref.kernels.triton_split import plan_for_inputs
         from paged_ref.validation import Lengths
 
         plan = plan_for_inputs(inp.q, inp.k_cache, Lengths(max_len, sum(lens)))

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from paged_ref.checks import assert_close, assert_equal
+from paged_ref.course.checks import assert_close, assert_equal
+from paged_ref.course.testing import make_paged_inputs
 from paged_ref.reference import contiguous_attention
 from paged_ref.reference import token_slots as slots_of_one_sequence
-from paged_ref.testing import make_paged_inputs
 from tests.conftest import load_exercise
 
 

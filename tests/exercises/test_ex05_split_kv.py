@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from paged_ref import _device
-from paged_ref.checks import assert_close, assert_equal
+from paged_ref.course.checks import assert_close, assert_equal
+from paged_ref.course.testing import make_paged_inputs
 from paged_ref.reference import token_slots
-from paged_ref.testing import make_paged_inputs
 from tests.conftest import load_exercise
 
 DEVICE = _device.triton_device()

@@ -8,7 +8,7 @@ score them with one ``tl.dot`` for the whole group, and fold them into an online
 and nothing is copied.
 
 The token loop lives in :func:`attend_tokens`, which the split-KV kernel
-(:mod:`paged_ref.triton_split`) reuses on a chunk of the sequence.
+(:mod:`paged_ref.kernels.triton_split`) reuses on a chunk of the sequence.
 
 Scores are kept in base 2 (``exp2``), so the softmax's running max and the log-sum-exp that
 the split kernel writes are in log2 units.
@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
+from paged_ref.cache_math import default_scale
 
 LOG2E = 1.4426950408889634
 
@@ -144,7 +145,7 @@ def launch_constants(q: torch.Tensor, k_cache: torch.Tensor, scale: float | None
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    scale = head_dim**-0.5 if scale is None else float(scale)
+    scale = default_scale(head_dim, scale)
     # Triton 3.6's interpreter gives garbage for tl.dot on bfloat16 operands: there, and only
     # there, the kernels multiply in float32 (the loads and the bytes moved stay bfloat16).
     upcast = _device.INTERPRET and q.dtype == torch.bfloat16

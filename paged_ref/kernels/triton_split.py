@@ -5,8 +5,8 @@ long sequence with 8 KV heads, on a GPU with 132 multiprocessors. Split-KV cuts 
 into chunks of ``chunk_size`` tokens and runs one program per (sequence, KV head, chunk):
 
 * stage 1 (:func:`split_kv_kernel`): each program runs the online softmax of
-  :func:`paged_ref.triton_decode.attend_tokens` over its chunk and writes the normalised partial
-  output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
+  :func:`paged_ref.kernels.triton_decode.attend_tokens` over its chunk and writes the
+  normalised partial output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
 * stage 2 (:func:`merge_kernel`): ``out = sum_c w_c o_c`` with
   ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``.
 
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_ref.triton_decode import (
+from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
     launch_constants,

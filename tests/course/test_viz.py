@@ -1,4 +1,4 @@
-"""paged_ref.viz: each picture is a Figure with the expected parts; the explorer's actions."""
+"""paged_ref.course.viz: each picture is a Figure with the expected parts; explorer actions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from paged_ref import KVCacheManager, viz  # noqa: E402
+from paged_ref import KVCacheManager
+from paged_ref.course import viz  # noqa: E402
 
 
 def _gids(fig: Figure, prefix: str) -> list[str]:

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from paged_ref.checks import assert_close
-from paged_ref.testing import make_paged_inputs
-from paged_ref.triton_decode import KernelConfig
-from paged_ref.triton_split import SplitPlan, paged_attention_split, plan_split
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.kernels.triton_decode import KernelConfig
+from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split, plan_split
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -56,7 +56,7 @@ def test_split_is_deterministic():
     assert torch.equal(a, b)
 
 
-STANDARD = {  # name: (batch, lengths) as in paged_ref.bench, 8 KV heads, 132 SMs
+STANDARD = {  # name: (batch, lengths) as in paged_ref.course.bench, 8 KV heads, 132 SMs
     "B64_L4096": [4096] * 64,
     "B8_L32768": [32768] * 8,
     "B1_L131072": [131072],

@@ -18,7 +18,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMPLS = ("exercises", "solutions")
 
 
