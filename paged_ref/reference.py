@@ -133,17 +133,10 @@ def paged_attention_torch(
     return contiguous_attention(q, k, v, valid, scale=scale)
 
 
-def split_partials_reference(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    chunk_size: int,
-    *,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def split_partials_reference(q, k_cache, v_cache, block_tables, seq_lens, chunk_size: int, *,
+                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 partial results of every chunk of ``chunk_size`` tokens (natural-log lse).
+    Inputs as for :func:`paged_attention_reference`.
 
     Returns outs [C, B, Hq, D] (softmax-weighted values of the chunk's tokens; NaN for an empty
     chunk) and lses [C, B, Hq] (log-sum-exp of the chunk's scores; -inf if empty), with

@@ -184,23 +184,21 @@ def test_unknown_sequence_is_a_value_error_naming_it(method, args, seq_id):
     assert snapshot(m) == before
 
 
-def test_unknown_sequence_in_batch_calls():
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda m: m.batch_tables(["a", "zzz"]), "unknown sequence 'zzz'"),
+        (lambda m: m.append_slots(["a", "zzz"]), "unknown sequence 'zzz'"),
+        (lambda m: m.add_sequence("a", 1), "sequence 'a' already exists"),
+    ],
+    ids=["batch_tables unknown id", "append_slots unknown id", "add_sequence duplicate id"],
+)
+def test_refused_batch_and_duplicate_calls_change_nothing(call, match):
     m = KVCacheManager(4, 2)
     m.add_sequence("a", 3)
     before = snapshot(m)
-    with pytest.raises(ValueError, match="unknown sequence 'zzz'"):
-        m.batch_tables(["a", "zzz"])
-    with pytest.raises(ValueError, match="unknown sequence 'zzz'"):
-        m.append_slots(["a", "zzz"])
-    assert snapshot(m) == before
-
-
-def test_duplicate_sequence_id_is_a_value_error():
-    m = KVCacheManager(4, 2)
-    m.add_sequence("a", 3)
-    before = snapshot(m)
-    with pytest.raises(ValueError, match="sequence 'a' already exists"):
-        m.add_sequence("a", 1)
+    with pytest.raises(ValueError, match=match):
+        call(m)
     assert snapshot(m) == before
 
 

@@ -83,7 +83,7 @@ def print_backend_table(result: dict, backends, *, ours=("triton", "triton_split
     print(f"{'case':12s}" + "".join(f"{b:>22s}" for b in backends)
           + (f"{peer + ' / ours':>18s}" if compare else ""))
     for case, rows in table.items():
-        cells = "".join(f"{rows[b]['ms']:9.4f} ms {rows[b]['pct_copy_bw']:5.1f} %"
+        cells = "".join(f"{rows[b]['ms']:11.4f} ms {rows[b]['pct_copy_bw']:5.1f} %"
                         for b in backends)
         if compare:
             mine = min((rows[b] for b in ours if b in rows), key=lambda r: r["ms"])
