@@ -419,6 +419,33 @@ def draw_sm_occupancy(ax, programs: int, num_sms: int, programs_per_sm: int, tit
     ax.set_title(f"{title}\n{programs} programs: {busy} of {num_sms} SMs busy", fontsize=10)
 
 
+def draw_decode_trace(trace, prompt_lens: Sequence[int], block_size: int) -> Figure:
+    """Lesson 03's decode loop, step by step (``trace`` from
+    :func:`paged_ref.course.decode_loop.run_side_by_side`). Left: the largest difference
+    between paged and contiguous decode per step. Right: blocks in use, with a cross where a
+    request's new token starts a block (the only steps that take one)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(10, 3.2), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    steps = range(len(trace.max_diff))
+    ax1.semilogy(steps, [max(d, 1e-12) for d in trace.max_diff], marker="o")
+    ax1.set(xlabel="step (0 = prefill)", ylabel="max |paged − contiguous|",
+            title="paged vs contiguous decode (float32)")
+    in_use = [trace.num_blocks - f for f in trace.free_blocks]
+    ax2.step(steps, in_use, where="post", marker=".")
+    for b, n in enumerate(prompt_lens):  # step s writes token n + s - 1 of request b
+        starts = [s for s in steps if s > 0
+                  and blocks_needed(n + s, block_size) > blocks_needed(n + s - 1, block_size)]
+        ax2.plot(starts, [in_use[s] for s in starts], "x", color=seq_color(b),
+                 label=f"request {b} takes a block")
+    ax2.set(xlabel="step (0 = prefill)", ylabel="blocks in use",
+            title="blocks are taken as requests grow")
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.legend(fontsize=8)
+    return fig
+
+
 class BlockTableExplorer:
     """Grow, finish and start requests in a small KV cache and watch the block tables.
 

@@ -109,6 +109,17 @@ def test_draw_sm_occupancy_counts_busy_sms():
     assert "132 of 132 SMs busy" in ax.get_title()
 
 
+def test_draw_decode_trace_marks_the_steps_that_take_a_block():
+    from types import SimpleNamespace
+
+    trace = SimpleNamespace(max_diff=[0.0, 1e-7, 2e-7, 1e-7], free_blocks=[6, 6, 5, 5],
+                            num_blocks=8)
+    fig = viz.draw_decode_trace(trace, prompt_lens=[3], block_size=4)
+    crosses = [line for line in fig.axes[1].get_lines() if line.get_marker() == "x"]
+    assert [list(c.get_xdata()) for c in crosses] == [[2]]  # token 4 starts block 1 at step 2
+    assert list(crosses[0].get_ydata()) == [3]
+
+
 def test_seq_color_is_stable_and_not_grey():
     assert viz.seq_color(3) == viz.seq_color(3)
     assert viz.seq_color("x") == viz.seq_color("x")
