@@ -446,6 +446,37 @@ def draw_decode_trace(trace, prompt_lens: Sequence[int], block_size: int) -> Fig
     return fig
 
 
+def draw_memory_shares(results: dict, paper: dict[str, float] | None = None) -> Figure:
+    """Lesson 01: where the KV pool goes under each reservation strategy, stacked to 100 %.
+
+    ``results`` maps a strategy to a :class:`paged_ref.course.simulate.SimResult` (its
+    ``share`` of tokens / future / rounding / free); ``paper`` marks the PagedAttention
+    paper's token share per strategy with diamonds."""
+    labels = list(results)
+    parts = [("tokens", "token states", "C2"), ("future", "reserved for future tokens", "C1"),
+             ("rounding", "rounding / last-block tail", "C3"), ("free", "free but unusable", "0.8")]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
+    bottom = [0.0] * len(labels)
+    for key, name, color in parts:
+        vals = [100 * results[s].share[key] for s in labels]
+        ax.bar(labels, vals, bottom=bottom, color=color, label=name)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for i, s in enumerate(labels):
+        ax.text(i, 4, f"ours {100 * results[s].token_share:.1f}%", ha="center", va="center",
+                color="white", fontweight="bold")
+    if paper:
+        ax.scatter(labels, [paper[s] for s in labels], marker="D", color="k", zorder=3,
+                   label="paper, Fig. 2: token states")
+        for i, s in enumerate(labels):
+            ax.annotate(f"paper {paper[s]}%", (i, paper[s]), textcoords="offset points",
+                        xytext=(22, -4), fontsize=8)
+    ax.set(ylabel="% of the KV-cache pool", ylim=(0, 100),
+           title="Where the KV memory goes (simulation, averaged over steps while requests wait)")
+    ax.legend(loc="upper left", fontsize=8, bbox_to_anchor=(1.01, 1))
+    return fig
+
+
 class BlockTableExplorer:
     """Grow, finish and start requests in a small KV cache and watch the block tables.
 

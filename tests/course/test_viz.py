@@ -192,3 +192,19 @@ def test_explorer_number_boxes_fit_five_digits():
     e._count.value = 200
     assert e.add_tokens(0, e._count.value) is False  # 200 tokens do not fit in 8 blocks of 4
     assert "needs 50 new block(s)" in e.message
+
+
+def test_draw_memory_shares_stacks_to_the_whole_pool():
+    from paged_ref.course import simulate
+
+    req = simulate.sample_requests(60, seed=0, max_len=256)
+    results = simulate.compare_strategies(req, capacity_slots=1024, block_size=16)
+    fig = viz.draw_memory_shares(results, paper=simulate.PAPER_TOKEN_SHARE)
+    bars = fig.axes[0].patches
+    assert len(bars) == 4 * len(results)
+    tops = {}
+    for bar in bars:
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0), bar.get_y() + bar.get_height())
+    assert all(abs(top - 100) < 1e-6 for top in tops.values())
+    assert sum(t.startswith("paper ") for t in _texts(fig)) == len(results)
