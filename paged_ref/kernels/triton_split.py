@@ -184,7 +184,7 @@ def split_kv_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     c = tl.program_id(2)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
     used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
     start = c * chunk_size
     if start < seq_len:  # chunks past the end of this sequence have nothing to do
@@ -217,11 +217,13 @@ def split_kv_kernel(
                                used, stride_ob, stride_oh, num_q_heads, num_chunks,
                                HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
                 tl.store(counter, 0)
-    elif FUSED_MERGE and c == 0:  # empty sequence: zeros
-        for g in tl.static_range(GROUP):
-            merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
-                       stride_ob, stride_oh, num_q_heads, num_chunks,
-                       HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+    else:
+        if FUSED_MERGE:
+            if c == 0:  # an empty sequence (c == 0 is past its end): zeros
+                for g in tl.static_range(GROUP):
+                    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
+                               stride_ob, stride_oh, num_q_heads, num_chunks,
+                               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @triton.jit
@@ -232,7 +234,7 @@ def merge_kernel(
 ):
     """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`)."""
     b = tl.program_id(0)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
     merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
                tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
                HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
@@ -287,6 +289,8 @@ def paged_attention_split(
     out = check_out(out, q)
     if batch == 0:
         return out
+    if k_cache.shape[0] == 0:  # no blocks at all: every length is 0 (the checks saw to it)
+        return out.zero_()
     if plan is None:
         max_len = int(seq_lens.max()) if max_len is None else max_len
         plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
