@@ -11,6 +11,15 @@ from paged_ref.course.checks import assert_close
 from paged_ref.course.testing import make_paged_inputs, ragged_lengths
 from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 
+# The input-layout tests of tests/test_inputs.py, compiled (they pick "cuda" when it exists;
+# collected here again so that this file alone is the GPU run).
+from tests.test_inputs import (  # noqa: F401
+    test_any_strides_give_the_right_answer,
+    test_minus_inf_keys_agree_with_torch,
+    test_no_blocks_at_all,
+    test_stride_zero_expanded_inputs,
+)
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 BACKENDS = ["triton", "triton_split", "auto"]
