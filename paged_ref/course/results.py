@@ -23,7 +23,8 @@ from paged_ref.course import ROOT
 #: Where the committed results of the reference GPU live.
 RESULTS_DIR = ROOT / "benchmarks" / "h200"
 #: Backend order in tables and plots.
-ORDER = ("torch", "triton", "triton_split", "auto", "sdpa_contiguous", "flashinfer")
+ORDER = ("torch", "triton", "triton_split", "auto", "auto_planned", "auto_graph", "sdpa_contiguous",
+         "flashinfer")
 
 
 def load_results(name: str | Path) -> dict:

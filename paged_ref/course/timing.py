@@ -117,3 +117,16 @@ def print_timings(runs: dict[str, Callable[[], object]], num_bytes: int) -> dict
             torch.cuda.empty_cache()
         print(f"{label:{width}s} {ms:8.3f} {gbps(num_bytes, ms):9.0f} GB/s")
     return measured
+
+def capture_graph(fn: Callable[[], object]):
+    """A CUDA graph of one call of ``fn`` (warmed up on a side stream first); returns
+    ``graph.replay``. Raises if ``fn`` cannot be captured (it reads a value back)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
