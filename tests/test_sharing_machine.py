@@ -46,10 +46,13 @@ def token_kv(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 class SharingMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(2, 12), block_size=st.integers(1, 4),
-                caching=st.sampled_from([True, True, False]))
-    def create(self, num_blocks, block_size, caching):
-        self.m = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
-        self.cache = PagedKVCache(1, num_blocks, block_size, 1, 2, dtype=torch.float32)
+                caching=st.sampled_from([True, True, False]), host=st.integers(0, 3))
+    def create(self, num_blocks, block_size, caching, host):
+        host = host if caching else 0
+        self.m = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching,
+                                num_host_blocks=host)
+        self.cache = PagedKVCache(1, num_blocks, block_size, 1, 2, dtype=torch.float32,
+                                  num_host_blocks=host)
         self.tokens: dict[int, list[int]] = {}  # the model: every sequence's true tokens
         self.seen: list[list[int]] = []  # every prompt so far, to reuse as prefixes
         self.next_id = 0
@@ -57,9 +60,9 @@ class SharingMachine(RuleBasedStateMachine):
     # ---- the engine's side: perform copies, then write K/V ---------------------------------
 
     def _write(self, seq_id: int, start: int) -> None:
-        """Copy-on-writes first, then tokens ``start ..`` of ``seq_id``, each into a block
-        that no other sequence holds."""
-        self.cache.copy_blocks(self.m.take_copies())
+        """Block moves (spills, copies back, copy-on-writes) first, then tokens ``start ..``
+        of ``seq_id``, each into a block that no other sequence holds."""
+        self.cache.apply_block_ops(self.m.take_block_ops())
         slots = self.m.slot_mapping(seq_id, start)
         for slot in slots:
             assert self.m.ref_count(slot // self.m.block_size) == 1, (
@@ -69,6 +72,7 @@ class SharingMachine(RuleBasedStateMachine):
 
     def _expected_hit(self, tokens: list[int]) -> int:
         cached = {e.block_hash for e in self.m.cached_blocks()}
+        cached |= set(self.m._host.hashes()) if self.m._host is not None else set()
         bs, parent, hit = self.m.block_size, None, 0
         for j in range((len(tokens) - 1) // bs):
             parent = hash_block_tokens(parent, tokens[j * bs:(j + 1) * bs])
@@ -159,7 +163,7 @@ class SharingMachine(RuleBasedStateMachine):
         except OutOfBlocksError:
             assert snapshot(self.m) == before, "a failed decode step changed state"
             return
-        self.cache.copy_blocks(self.m.take_copies())
+        self.cache.apply_block_ops(self.m.take_block_ops())
         for s, t, n in zip(ids, new, lens, strict=True):
             self.tokens[s].append(t)
             self._write(s, n)
@@ -179,6 +183,7 @@ class SharingMachine(RuleBasedStateMachine):
         n = self.m.num_free_blocks * self.m.block_size
         self.m.add_sequence("hog", n)
         assert self.m.allocator.num_evictable_blocks == 0 and self.m.num_free_blocks == 0
+        self.cache.apply_block_ops(self.m.take_block_ops())  # spills before overwriting
         garbage = torch.full((n, 1, 2), 99.0)
         self.cache.write(0, garbage, garbage, self.m.slot_mapping("hog"))
         self.m.free_sequence("hog")
