@@ -34,8 +34,9 @@ class PagedKVCache:
         dtype: float16 (default), bfloat16 or float32.
         device: where the tensors live.
         num_host_blocks: blocks of a host tier for the prefix cache's spills (0 = none):
-            ``host_kv``, ``[2, num_layers, num_host_blocks, block_size, Hkv, D]`` in CPU memory,
-            pinned when CUDA is available (so copies to and from the GPU run at PCIe speed).
+            ``host_kv``, ``[num_host_blocks, 2, num_layers, block_size, Hkv, D]`` in CPU memory
+            (each host block one contiguous piece: K and V of all layers), pinned when CUDA is
+            available, so each block crosses PCIe as one direct copy.
 
     The tensors start as zeros, so a slot never written reads as 0 (deterministic, easy to
     draw). Tests and lessons write fresh random K/V before reading anything.
@@ -71,7 +72,7 @@ class PagedKVCache:
         self.device = self.kv.device  # "cuda" resolved to "cuda:0"
         self.num_host_blocks = check_int("num_host_blocks", num_host_blocks)
         self.host_kv = torch.zeros(
-            (2, num_layers, self.num_host_blocks, block_size, num_kv_heads, head_dim),
+            (self.num_host_blocks, 2, num_layers, block_size, num_kv_heads, head_dim),
             dtype=dtype, pin_memory=torch.cuda.is_available() and self.num_host_blocks > 0)
 
     @property
@@ -179,19 +180,21 @@ class PagedKVCache:
         """Copy device block ``src`` to host slot ``dst`` for each ``(src, dst)``, every layer's
         K and V (a spill of an evicted cached block). Same checks as :meth:`copy_blocks`."""
         src, dst = self._pairs(pairs, self.num_blocks, self.num_host_blocks)
-        if src:
-            moved = self.kv[:, :, self._index(src)].to("cpu")
-            self.host_kv[:, :, torch.tensor(dst)] = moved
+        if src:  # one gather on the device, then one contiguous copy per block
+            staged = self.kv[:, :, self._index(src)].permute(2, 0, 1, 3, 4, 5).contiguous()
+            for i, slot in enumerate(dst):
+                self.host_kv[slot].copy_(staged[i], non_blocking=True)
 
     def swap_in(self, pairs) -> None:
         """Copy host slot ``src`` to device block ``dst`` for each ``(src, dst)``, every layer's
         K and V (a prefix-cache hit in the host tier). Same checks as :meth:`copy_blocks`."""
         src, dst = self._pairs(pairs, self.num_host_blocks, self.num_blocks)
-        if src:
-            moved = self.host_kv[:, :, torch.tensor(src)]
-            if moved.device != self.device and torch.cuda.is_available():
-                moved = moved.pin_memory()
-            self.kv[:, :, self._index(dst)] = moved.to(self.device, non_blocking=True)
+        if src:  # one contiguous copy per block into a staging buffer, then one scatter
+            staged = torch.empty((len(src), *self.host_kv.shape[1:]), dtype=self.dtype,
+                                 device=self.device)
+            for i, slot in enumerate(src):
+                staged[i].copy_(self.host_kv[slot], non_blocking=True)
+            self.kv[:, :, self._index(dst)] = staged.permute(1, 2, 0, 3, 4, 5)
 
     def apply_block_ops(self, ops) -> None:
         """Run what ``KVCacheManager.take_block_ops()`` returned: spills to the host, copies
