@@ -9,7 +9,7 @@ Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManage
 from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
-from paged_ref.manager import KVCacheManager
+from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.storage import PagedKVCache
 
@@ -20,6 +20,7 @@ __all__ = [
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",
+    "hash_block_tokens",
     "paged_attention",
     "plan_decode",
 ]
