@@ -48,7 +48,7 @@ def default_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
     """The launch shape used when none is given (tuned on an H200; small in the interpreter,
     where a program's cost is its element count)."""
     if _device.INTERPRET:
-        return PrefillConfig(block_m=32, block_n=16, num_warps=4, num_stages=1)
+        return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     if head_dim > 128 or dtype == torch.float32:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     return PrefillConfig()
