@@ -234,8 +234,7 @@ def paged_prefill(
 
     _check_triton_usable(backend, q)
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                scale=scale, causal=causal,
-                                max_query_len=lengths.max_query_len)
+                                scale=scale, causal=causal, query_lens=lengths.query_lens)
 
 
 __all__ = [
