@@ -44,6 +44,11 @@ class PrefillConfig:
     num_stages: int = 3
 
 
+#: Tiles for decode-like sequences in a mixed batch: 16 rows (one token x a GQA group of 16,
+#: or 4 tokens x a group of 4), as the decode kernel uses.
+SHORT_CONFIG = PrefillConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+
+
 def default_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
     """The launch shape used when none is given (tuned on an H200; small in the interpreter,
     where a program's cost is its element count)."""
@@ -116,7 +121,7 @@ def attend_key_range(
     return acc, m, l
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tiles", "stride_bt"])
 def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     query_start_loc_ptr, seq_ids_ptr, qk_scale, num_tiles,
@@ -224,7 +229,9 @@ def paged_prefill_triton(
     short_rows = max(1, SHORT_CONFIG.block_m // consts["GROUP"])
     if config is None and query_lens is not None:
         short = [b for b, n in enumerate(query_lens) if 0 < n <= short_rows]
-        if short and len(short) < batch:
+        if max_query_len <= short_rows:  # decode-like rows only: one launch, small tiles
+            config = SHORT_CONFIG
+        elif short:
             long_ = [b for b, n in enumerate(query_lens) if n > short_rows]
             for subset, cfg in ((long_, default_config(q.shape[2], q.dtype)),
                                 (short, SHORT_CONFIG)):
@@ -235,11 +242,6 @@ def paged_prefill_triton(
     config = config or default_config(q.shape[2], q.dtype)
     _launch(args, None, strides, consts, causal, config, max_query_len, batch)
     return out
-
-
-#: Tiles for decode-like sequences in a mixed batch: 16 rows (one token x a GQA group of 16,
-#: or 4 tokens x a group of 4), as the decode kernel uses.
-SHORT_CONFIG = PrefillConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 
 
 def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_seqs):
