@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from paged_ref import paged_prefill, write_kv
+from paged_ref.course.bench_prefill import SWEEP
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_prefill_inputs
 from paged_ref.kernels.triton_prefill import PrefillConfig, paged_prefill_triton
@@ -47,12 +48,7 @@ def test_gpu_prefill_matches_float64(case, poison):
     assert_close(out, float64_answer(inp, causal), name=f"case {case}")
 
 
-SWEEP = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
-         (64, 32, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (256, 64, 8, 2), (128, 128, 8, 2),
-         (16, 64, 4, 3)]
-
-
-@pytest.mark.parametrize("config", SWEEP, ids=str)
+@pytest.mark.parametrize("config", [*SWEEP, (16, 64, 4, 3)], ids=str)
 def test_gpu_every_tile_shape(config):
     inp = make_prefill_inputs([2100, 700, 130], [1100, 700, 3], num_q_heads=32, num_kv_heads=8,
                               head_dim=128, dtype=BF16, device="cuda", seed=1, poison="nan")
@@ -88,3 +84,23 @@ def test_gpu_write_kv(backend):
     write_kv(k, v, k_cache, v_cache, slots, backend=backend)
     assert_equal(k_cache.view(-1, 8, 128)[slots.long()], k, name="k rows")
     assert_equal(v_cache.view(-1, 8, 128)[slots.long()], v, name="v rows")
+
+
+@pytest.mark.parametrize("lens", [[1, 300, 4097, 17], [30000, 5]])
+def test_gpu_one_row_per_sequence_is_decode(lens):
+    """backend="auto" hands a batch of single query rows to the decode kernels."""
+    inp = make_prefill_inputs(lens, [1] * len(lens), num_q_heads=32, num_kv_heads=8,
+                              head_dim=128, dtype=BF16, device="cuda", seed=3, poison="nan")
+    for backend in ("auto", "triton"):
+        out = paged_prefill(*inp.args(), backend=backend)
+        assert_close(out, float64_answer(inp), name=backend)
+
+
+def test_gpu_negative_scale():
+    inp = make_prefill_inputs([300, 40], [200, 40], num_q_heads=32, num_kv_heads=8,
+                              head_dim=128, dtype=BF16, device="cuda", seed=4)
+    out = paged_prefill(*inp.args(), scale=-0.05)
+    ref = prefill_attention_torch(inp.q.double(), inp.k_cache.double(), inp.v_cache.double(),
+                                  inp.block_tables, inp.seq_lens, inp.query_start_loc,
+                                  scale=-0.05)
+    assert_close(out, ref)

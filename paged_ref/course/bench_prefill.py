@@ -274,8 +274,9 @@ def decode_rows(batch: int = 64, seq_len: int = 4096) -> list[dict]:
     return rows
 
 
-SWEEP = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
-         (64, 32, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (256, 64, 8, 2), (128, 128, 8, 2)]
+#: Tile shapes timed with --sweep-configs: (block_m, block_n, num_warps, num_stages).
+SWEEP = [(256, 64, 8, 2), (128, 64, 8, 2), (256, 64, 8, 3), (256, 128, 8, 2), (256, 32, 8, 2),
+         (256, 64, 16, 2), (128, 64, 4, 2), (256, 128, 16, 2), (128, 128, 8, 3)]
 
 
 def plot(result: dict, path: Path) -> None:
