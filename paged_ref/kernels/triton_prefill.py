@@ -121,7 +121,9 @@ def attend_key_range(
         v = _load_kv(v_cache_ptr, row, offs_d, key_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
         if DOT_UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # Rescale what we have, then let the tensor cores add p @ v into it (no second
+        # [BLOCK_M, HEAD_DIM] temporary).
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m = m_new
     return acc, m, l
 
