@@ -9,6 +9,7 @@ benchmarks, the pictures, the notebooks) calls these instead of writing the form
     token_slots([7, 2], 18, 16, start=15) # [127, 32, 33]
     kv_bytes_per_token(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")  # 131072
     split_chunks(131072, 64, 64)          # (2048, 64): 64 chunks of 2048 tokens
+    attention_flops(6, 2, num_q_heads=1, head_dim=1)  # 4 * (5 + 6) = 44: rows see 5 and 6 keys
 
 ``cdiv`` and ``slot_of`` use only ``//``, ``%``, ``*`` and ``+``, so they also work elementwise
 on NumPy arrays and torch tensors (the vectorised gathers call them that way).
@@ -93,3 +94,19 @@ def split_chunks(max_len: int, num_chunks: int, multiple: int) -> tuple[int, int
     out lower than asked, so that no chunk is empty."""
     chunk_size = cdiv(cdiv(max_len, num_chunks), multiple) * multiple
     return chunk_size, cdiv(max_len, chunk_size)
+
+
+def visible_keys(seq_len: int, q_len: int, causal: bool = True) -> int:
+    """Keys seen, summed over the ``q_len`` query rows that are the last tokens of a sequence of
+    ``seq_len``: row ``i`` sees ``seq_len - q_len + i + 1`` keys when causal, all otherwise."""
+    if not causal:
+        return q_len * seq_len
+    return q_len * (seq_len - q_len) + q_len * (q_len + 1) // 2
+
+
+def attention_flops(seq_len: int, q_len: int, num_q_heads: int, head_dim: int,
+                    causal: bool = True) -> int:
+    """Matmul FLOPs of attention for those rows, counted exactly (masked scores are not work):
+    ``2 * head_dim`` for a score ``q . k`` plus ``2 * head_dim`` to add ``p * v``, per visible
+    key, per query head."""
+    return 4 * num_q_heads * head_dim * visible_keys(seq_len, q_len, causal)
