@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +43,15 @@ class Mutation:
     old, new:    replace ``old`` by ``new`` in the solution's source; ``old`` must occur exactly
                  once. For a mistake that needs several edits, give tuples of equal length.
     keyword:     ``pytest -k`` expression picking the tests that should catch it.
+    isolate:     run the tests in a subprocess: for mistakes that make a kernel read far out of
+                 bounds, which kills the process (a crash counts as caught).
     """
 
     description: str
     old: str | tuple[str, ...]
     new: str | tuple[str, ...]
     keyword: str
+    isolate: bool = False
 
     def edits(self) -> list[tuple[str, str]]:
         olds = (self.old,) if isinstance(self.old, str) else self.old
@@ -85,9 +89,16 @@ def installed_mutant(name: str, mutation: Mutation, folder: Path):
     It is written to a real file (``folder/<name>.py``): Triton reads a kernel's source from its
     file. The original module comes back afterwards.
     """
-    module_name = f"solutions.{name}"
     path = Path(folder) / f"{name}.py"
     path.write_text(mutated_source(name, mutation))
+    with installed_file(name, path) as module:
+        yield module
+
+
+@contextlib.contextmanager
+def installed_file(name: str, path: Path):
+    """Import ``path`` as ``solutions.<name>`` for the duration of the block."""
+    module_name = f"solutions.{name}"
     importlib.import_module(module_name)  # so the package and the original are loaded
     original = sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -115,11 +126,29 @@ def run_exercise_tests(name: str, keyword: str) -> tuple[int, str]:
     return int(code), out.getvalue()
 
 
+def run_isolated(name: str, mutation: Mutation, folder: Path) -> tuple[int, str]:
+    """:func:`run_exercise_tests` on the mutant in a fresh Python (``python -m
+    tests.mutations.mutate NAME FILE KEYWORD``); a process killed by a signal counts as
+    failed tests."""
+    path = Path(folder) / f"{name}.py"
+    path.write_text(mutated_source(name, mutation))
+    proc = subprocess.run([sys.executable, "-m", "tests.mutations.mutate", name, str(path),
+                           mutation.keyword], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    code = proc.returncode
+    if code < 0:  # killed by a signal (SIGSEGV: a read far out of bounds)
+        code = pytest.ExitCode.TESTS_FAILED
+    return int(code), proc.stdout + proc.stderr
+
+
 def assert_caught(name: str, mutation: Mutation, folder: Path) -> None:
     """Fail unless the tests of ``solutions/<name>.py`` selected by ``mutation.keyword`` fail
     on the mutated solution."""
-    with installed_mutant(name, mutation, folder):
-        code, output = run_exercise_tests(name, mutation.keyword)
+    if mutation.isolate:
+        code, output = run_isolated(name, mutation, folder)
+    else:
+        with installed_mutant(name, mutation, folder):
+            code, output = run_exercise_tests(name, mutation.keyword)
     tail = "\n".join(output.strip().splitlines()[-8:])
     if code == pytest.ExitCode.OK:
         raise AssertionError(
@@ -132,3 +161,13 @@ def assert_caught(name: str, mutation: Mutation, folder: Path) -> None:
             f"mutation {mutation.description!r}: the exercise tests did not run properly "
             f"(pytest exit code {code}; -k {mutation.keyword!r} selects no test?)\n{tail}"
         )
+
+
+if __name__ == "__main__":  # python -m tests.mutations.mutate NAME MUTANT_FILE KEYWORD
+    import paged_ref  # noqa: F401  (TRITON_INTERPRET on a CPU, before triton is imported)
+
+    _name, _path, _keyword = sys.argv[1:4]
+    with installed_file(_name, Path(_path)):
+        _code, _output = run_exercise_tests(_name, _keyword)
+    print(_output)
+    sys.exit(_code)

@@ -31,7 +31,7 @@ MUTATIONS = [
     # 5.2 attend_chunk
     Mutation("5.2 missed mask: tokens past the chunk's end take part",
              "        t_mask = tok < end\n", "        t_mask = tok < end + TILE\n",
-             keyword="attend_chunk"),
+             keyword="attend_chunk and middle"),  # within the sequence: no read out of bounds
     Mutation("5.2 loop starts at token 0, not at the chunk's start",
              "for t0 in range(start, end, TILE):", "for t0 in range(0, end, TILE):",
              keyword="attend_chunk"),
@@ -47,10 +47,10 @@ MUTATIONS = [
     # 5.3 partial_attention_kernel
     Mutation("5.3 empty chunks write too (lse -inf, output NaN)",
              "    if start < seq_len:\n", "    if start <= seq_len + chunk_size:\n",
-             keyword="partial_attention_kernel"),
+             keyword="partial_attention_kernel_skips_empty_chunks"),
     Mutation("5.3 chunk end not cut at the sequence's length",
              "end = tl.minimum(start + chunk_size, seq_len)", "end = start + chunk_size",
-             keyword="partial_attention_kernel"),
+             keyword="partial_attention_kernel", isolate=True),
     Mutation("5.3 chunk end at the sequence's length (chunks overlap)",
              "end = tl.minimum(start + chunk_size, seq_len)", "end = seq_len",
              keyword="partial_attention_kernel"),
