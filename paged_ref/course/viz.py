@@ -542,9 +542,12 @@ def draw_running_max(values: Sequence[float], block: int, steps: Sequence[float]
         ax.axvspan(lo - 0.5, hi - 0.5, color=colour, alpha=0.08)
         ax.plot(range(lo, hi), values[lo:hi], "o", ms=4, color=colour)
         if s < len(steps) and steps[s] == steps[s]:
-            ax.hlines(steps[s], lo - 0.5, hi - 0.5, color="black", lw=2)
-            ax.annotate(f"m after step {s}: {steps[s]:.2f}", (hi - 0.5, steps[s]),
-                        textcoords="offset points", xytext=(-4, 4), ha="right", fontsize=8)
-    ax.set(xlabel="position in the row", ylabel="value", title=title or
-           f"running max, {block} values per loop step")
+            ax.hlines(steps[s], lo - 0.5, hi - 0.5, color="black", lw=2,
+                      label="running max stored after the step" if s == 0 else None)
+            ax.annotate(f"{steps[s]:.2f}", ((lo + hi - 1) / 2, steps[s]), ha="center",
+                        textcoords="offset points", xytext=(0, 4), fontsize=8)
+    ax.set(xlabel="position in the row (background: one loop step each)", ylabel="value",
+           title=title or f"running max, {block} values per loop step")
+    if steps:
+        ax.legend(loc="lower right", fontsize=8)
     return fig
