@@ -50,6 +50,8 @@ import triton.language as tl
 from paged_ref import _device
 from paged_ref.kernels.triton_decode import load_group_queries  # given: the GQA group's q
 
+from .ex04_triton_paged_decode import load_kv_tile  # noqa: F401  (lesson 04 Ex 4.2: yours)
+
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 5.1: merge per-chunk attention results into attention over all the chunks.
