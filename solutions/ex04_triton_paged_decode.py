@@ -1,6 +1,7 @@
 """Lesson 04: a Triton kernel that reads the paged KV cache in place (one pass, online softmax).
 
-Three exercises, then a given wrapper that launches the kernel:
+Three exercises (after the three warm-ups of ``ex04_warmups.py``), then a given wrapper that
+launches the kernel:
 
 * Ex 4.1 :func:`online_softmax_update` one step of the online softmax, in plain torch
 * Ex 4.2 :func:`load_kv_tile`          (Triton) gather one tile of K or V rows through the
@@ -69,9 +70,9 @@ def online_softmax_update(
         (= softmax([0, ln 3, ln 3]) @ [4, 8, 2] = (4 + 24 + 6) / 7)
 
     Hints:
-        * ``m_new = max(m, row max of scores)``; what you have so far was weighted with
-          ``exp(. - m)``: rescale it by ``alpha = exp(m - m_new)``, then add the tile's
-          ``p = exp(scores - m_new)``: ``l*alpha + p.sum(1)``, ``acc*alpha + p @ v``.
+        * The notebook's derivation: what you have so far was weighted relative to the old
+          max; once the max grows, rescale it to the new one, then add the tile's own weights
+          (relative to the new max too).
         * ``exp(-inf - (-inf))`` is NaN: where ``m_new`` is ``-inf``, subtract 0 instead
           (``torch.where``); then ``exp(-inf - 0) = 0`` and nothing changes.
     """
