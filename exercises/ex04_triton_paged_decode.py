@@ -3,14 +3,15 @@
 # Generated from solutions/ex04_triton_paged_decode.py by tools/make_exercises.py.
 """Lesson 04: a Triton kernel that reads the paged KV cache in place (one pass, online softmax).
 
-Three exercises, then a given wrapper that launches the kernel:
+Three exercises (after the three warm-ups of ``ex04_warmups.py``), then a given wrapper that
+launches the kernel:
 
 * Ex 4.1 :func:`online_softmax_update` one step of the online softmax, in plain torch
 * Ex 4.2 :func:`load_kv_tile`          (Triton) gather one tile of K or V rows through the
                                        block table
 * Ex 4.3 :func:`attend_sequence`       (Triton) the block loop: walk one sequence tile by tile,
                                        fold each tile into the online softmax, normalise
-* given  :func:`paged_decode_kernel`   prologue (program ids, queries) + 4.3 + epilogue (store)
+* given  :func:`one_pass_decode_kernel` prologue (program ids, queries) + 4.3 + epilogue (store)
 * given  :func:`paged_decode`          the Python wrapper: grid (batch, num_kv_heads)
 * given  :func:`gather_kv_tile`        runs 4.2 alone on one tile, to look at (and test) it
 
@@ -72,9 +73,9 @@ def online_softmax_update(
         (= softmax([0, ln 3, ln 3]) @ [4, 8, 2] = (4 + 24 + 6) / 7)
 
     Hints:
-        * ``m_new = max(m, row max of scores)``; what you have so far was weighted with
-          ``exp(. - m)``: rescale it by ``alpha = exp(m - m_new)``, then add the tile's
-          ``p = exp(scores - m_new)``: ``l*alpha + p.sum(1)``, ``acc*alpha + p @ v``.
+        * The notebook's derivation: what you have so far was weighted relative to the old
+          max; once the max grows, rescale it to the new one, then add the tile's own weights
+          (relative to the new max too).
         * ``exp(-inf - (-inf))`` is NaN: where ``m_new`` is ``-inf``, subtract 0 instead
           (``torch.where``); then ``exp(-inf - 0) = 0`` and nothing changes.
     """
@@ -105,25 +106,27 @@ def load_kv_tile(
         tile[i, d] = cache[block_tables[b, tok[i] // BLOCK_SIZE], tok[i] % BLOCK_SIZE, kv_head, d]
 
     where ``t_mask[i] and d_mask[d]``, and 0 everywhere else (masked tokens, padded columns).
+    ``cache_ptr`` points at element ``[0, 0, 0, 0]``; the strides are in elements.
 
     Example (BLOCK_SIZE 4, block_tables[b] = [7, 2, -1], seq_len 6, TILE 4, tok = [4, 5, 6, 7]):
     tokens 4 and 5 are block 2, offsets 0 and 1 -> rows ``cache[2, 0, h]``, ``cache[2, 1, h]``;
     tokens 6 and 7 are past the end -> zero rows (and the table entry -1 is never followed).
 
-    Two loads, the second one's address coming from the first:
+    It is the primer's gather (a load whose address comes from another load), with a tile of
+    tokens instead of one row: first the block ids, then the rows they point at.
 
-    1. the block ids: ``tl.load(table_row_ptr + tok // BLOCK_SIZE, mask=t_mask, other=0)``.
-       The mask matters: past the end the table holds garbage (-1, huge ids), and a tile can run
-       past the end of the table row itself.
-    2. the rows: element offset ``block * stride_block + (tok % BLOCK_SIZE) * stride_tok +
-       kv_head * stride_head`` ([TILE]), plus ``offs_d`` along the columns ([TILE, HEAD_DIM_PAD]
-       via ``[:, None]`` and ``[None, :]``); mask ``t_mask[:, None] & d_mask[None, :]``,
-       ``other=0.0``.
+    Traps (each has a check):
+        * Masked tokens must not read the table: past a sequence's end the row holds garbage
+          (-1, huge ids), and a tile can run past the end of the row itself, into memory that is
+          not the table at all.
+        * Element offsets need 64 bits. A 16-token block of 8 heads x 128 dims is 16384
+          elements, so block 131072 already starts past 2**31: an int32 product wraps around
+          to a wrong (often negative) address. Block ids load as int32.
+        * Padded columns (``d >= HEAD_DIM``) would read the next head's values: mask them too.
 
-    Hint: cast the block ids to int64 (``block.to(tl.int64)``) *before* multiplying by the
-    block stride. A 16-token block of 8 heads x 128 dims is 16384 elements, so block 131072
-    already starts past 2**31: in int32 the product wraps around to a wrong (often negative)
-    address.
+    Hints: ``tl.load(ptrs, mask=..., other=...)``; ``x[:, None]`` and ``y[None, :]`` broadcast
+    two vectors into a [TILE, HEAD_DIM_PAD] block of offsets (and of masks);
+    ``x.to(tl.int64)``.
     """
     raise NotImplementedError("Exercise 4.2: load_kv_tile")
 
@@ -153,33 +156,29 @@ def attend_sequence(
     """Exercise 4.3: attention of one GQA group over one whole sequence, tile by tile.
 
     Returns out [GROUP_PAD, HEAD_DIM_PAD] float32, normalised:
-    ``out[g] = sum_t softmax_t(scale * q[g] . k_t) * v_t`` over tokens ``0 <= t < seq_len``;
-    all zeros when ``seq_len == 0`` (never NaN).
+    ``out[g] = sum_t softmax_t(scale * q[g] . k_t) * v_t`` over tokens ``0 <= t < seq_len``
+    (K and V rows of KV head ``kv_head``, through the block table); all zeros when
+    ``seq_len == 0`` (never NaN). Padded rows and columns of ``out`` may hold anything finite.
 
-    Structure (Ex 4.1's update, written with ``tl``):
+    Walk the sequence TILE tokens at a time, loading each tile's K and V once with your Ex 4.2
+    (``offs_d``/``d_mask`` are yours to build), and fold the tile into the online softmax of
+    Ex 4.1: its state ``m``, ``l``, ``acc`` lives in float32 across loop steps.
 
-        offs_d, d_mask       = tl.arange(0, HEAD_DIM_PAD), offs_d < HEAD_DIM
-        m, l, acc            = -inf [GROUP_PAD], 0 [GROUP_PAD], 0 [GROUP_PAD, HEAD_DIM_PAD]
-                               (tl.full / tl.zeros, dtype=tl.float32)
-        for t0 in range(0, seq_len, TILE):
-            tok    = t0 + tl.arange(0, TILE);  t_mask = tok < seq_len
-            k      = load_kv_tile(k_cache_ptr, ...).to(q.dtype)          [TILE, HEAD_DIM_PAD]
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-                                                                         [GROUP_PAD, TILE]
-            scores = -inf where the token is masked (tl.where(t_mask[None, :], scores, ...))
-            m_new, alpha, p, l: as in Ex 4.1 (tl.maximum, tl.max(x, axis=1), tl.exp, tl.sum)
-            v      = load_kv_tile(v_cache_ptr, ...).to(q.dtype)
-            acc    = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=...)
-            m      = m_new
-        out = acc / l[:, None], with l replaced by 1 where it is 0 (empty sequence -> zeros)
+    Example: seq_len 37, TILE 32: two loop steps, tokens 0..31 and 32..63; in the second,
+    tokens 37..63 are masked and must get weight 0.
 
-    Notes:
-        * Every tile has at least one real token (the loop stops at seq_len), so ``m_new`` is
-          finite and Ex 4.1's ``-inf`` guard is not needed here.
+    Hints:
+        * ``tl.full``/``tl.zeros`` make the initial state (give the dtype); ``tl.dot(a, b,
+          input_precision=DOT_PRECISION)`` scores the whole group against a tile (``tl.trans``);
+          ``tl.max``/``tl.sum`` reduce along an ``axis``; ``tl.where`` masks; ``tl.exp``.
+        * Every loop step holds at least one real token (the loop stops at seq_len), so the
+          running max is finite after the first step: Ex 4.1's ``-inf`` guard is not needed
+          inside the loop, but an empty sequence never enters it.
         * ``tl.dot`` needs at least 16 rows and columns: that is why the group is padded to
-          GROUP_PAD >= 16 rows (zero queries) and TILE >= 16. ``.to(q.dtype)`` matters only in
-          Triton's CPU interpreter, where q is upcast to float32 for bfloat16 (its bf16 dot is
-          broken); on a GPU, q is already the cache's dtype and the cast does nothing.
+          GROUP_PAD >= 16 rows (zero queries) and TILE >= 16. Cast the tiles (and the weights)
+          to ``q.dtype`` before ``tl.dot``: it matters only in Triton's CPU interpreter, where
+          q is upcast to float32 for bfloat16 (its bf16 dot is broken); on a GPU, q is
+          already the cache's dtype.
     """
     raise NotImplementedError("Exercise 4.3: attend_sequence")
 
@@ -188,7 +187,7 @@ def attend_sequence(
 
 
 @triton.jit
-def paged_decode_kernel(
+def one_pass_decode_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, scale,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, stride_block, stride_tok, stride_head,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -229,7 +228,7 @@ def paged_decode(
     scale: float | None = None,
     tile: int = 32,
 ) -> torch.Tensor:
-    """Given: launch :func:`paged_decode_kernel` on grid (batch, num_kv_heads).
+    """Given: launch :func:`one_pass_decode_kernel` on grid (batch, num_kv_heads).
 
     Same contract as ``paged_ref.paged_attention(..., backend="triton")`` for valid inputs
     (no input checks here): returns [B, Hq, D] in q's dtype; ``scale`` defaults to
@@ -242,7 +241,7 @@ def paged_decode(
     if batch == 0:
         return out
     upcast = _device.INTERPRET and q.dtype == torch.bfloat16
-    paged_decode_kernel[(batch, num_kv_heads)](
+    one_pass_decode_kernel[(batch, num_kv_heads)](
         out, q, k_cache, v_cache, block_tables, seq_lens,
         head_dim**-0.5 if scale is None else float(scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),

@@ -8,10 +8,12 @@ sequences long. Split-KV cuts each sequence into chunks of ``chunk_size`` tokens
 program per (sequence, KV head, chunk), then merges the chunks' results:
 
 * Ex 5.1 :func:`merge_partials`           the merge, in plain torch
-* Ex 5.2 :func:`partial_attention_kernel` stage 1 in Triton: attention over one chunk, writing
+* Ex 5.2 :func:`attend_chunk`             (Triton) lesson 04's loop over one chunk's tokens
+* Ex 5.3 :func:`partial_attention_kernel` stage 1 in Triton: one program per chunk, writing
                                           the normalised partial output and its log-sum-exp
-* Ex 5.3 :func:`merge_kernel`             stage 2 in Triton: merge one head's chunks
-* given  :func:`launch_partials`, :func:`launch_merge`, :func:`split_kv_decode` = 5.2 + 5.3
+* Ex 5.4 :func:`merge_chunks_kernel`      stage 2 in Triton: merge one head's chunks
+* given  :func:`chunk_state` runs 5.2 alone on one chunk, to look at (and test) it
+* given  :func:`launch_partials`, :func:`launch_merge`, :func:`split_kv_decode` = 5.3 + 5.4
 
 The merge, for chunks ``c`` with normalised outputs ``o_c`` and log-sum-exps ``lse_c`` of their
 scores: ``lse = log(sum_c exp(lse_c))`` and ``out = sum_c exp(lse_c - lse) * o_c``. That is
@@ -46,6 +48,9 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
+from paged_ref.kernels.triton_decode import load_group_queries  # given: the GQA group's q
+
+from .ex04_triton_paged_decode import load_kv_tile  # noqa: F401  (lesson 04 Ex 4.2: yours)
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,6 +87,50 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor
 
 
 @triton.jit
+def attend_chunk(
+    q,  # [GROUP_PAD, HEAD_DIM] the group's queries (rows >= GROUP are 0), float32 or cache dtype
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,  # block_tables[b]: this sequence's row of the block table (int32)
+    start,  # first token of the chunk
+    end,  # one past its last token; start < end <= seq_len
+    kv_head,
+    scale,  # softmax scale (float)
+    stride_block, stride_tok, stride_head,  # cache strides: block, token in block, head
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a power of two >= 16
+    GROUP_PAD: tl.constexpr,
+    TILE: tl.constexpr,  # tokens per loop step, a power of two >= 16
+    DOT_PRECISION: tl.constexpr,
+):
+    """Exercise 5.2: the online-softmax state of one GQA group over tokens ``[start, end)``.
+
+    Returns ``(m, l, acc)``, all float32, *not* normalised:
+
+    * ``m``   [GROUP_PAD]: the largest scaled score ``scale * q[g] . k_t`` over the chunk;
+    * ``l``   [GROUP_PAD]: ``sum_t exp(score_t - m)``;
+    * ``acc`` [GROUP_PAD, HEAD_DIM]: ``sum_t exp(score_t - m) * v_t``.
+
+    This is lesson 04's Exercise 4.3 with two changes: the tokens run from ``start`` to
+    ``end`` (not 0 to ``seq_len``), and the state is returned as it is, because stage 1 turns it
+    into a partial result and its log-sum-exp (Ex 5.3).
+
+    Example: ``start = 40, end = 100, TILE = 32``: two loop steps, tokens 40..71 and 72..103,
+    the last four of them masked.
+
+    Hints:
+        * Lesson 04's ``load_kv_tile`` (imported above: yours, from
+          ``exercises/ex04_triton_paged_decode.py``) loads a K or V tile through the block table.
+          Cast what it returns to ``q.dtype`` before ``tl.dot`` (it matters only in the CPU
+          interpreter, where bfloat16 queries are upcast).
+        * A token past ``end`` belongs to the next chunk, or to no one: it must get weight 0.
+        * ``tl.dot(a, b, input_precision=DOT_PRECISION)``; it needs 16 rows and columns at
+          least, which GROUP_PAD, TILE and HEAD_DIM all are.
+    """
+    raise NotImplementedError("Exercise 5.2: attend_chunk")
+
+
+@triton.jit
 def partial_attention_kernel(
     part_out_ptr,  # [B, Hq, C, HEAD_DIM] float32
     part_lse_ptr,  # [B, Hq, C] float32
@@ -100,44 +149,39 @@ def partial_attention_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), else "tf32"
     DOT_UPCAST: tl.constexpr,  # True: multiply in float32 (bf16 in Triton's interpreter)
 ):
-    """Exercise 5.2: stage 1, attention over one chunk of one sequence for one GQA group.
+    """Exercise 5.3: stage 1, one program per (sequence, KV head, chunk).
 
-    Grid ``(B, Hkv, C)``: program ``(b, kv_head, c)`` owns tokens ``[start, end)`` with
-    ``start = c * chunk_size`` and ``end = min(start + chunk_size, seq_lens[b])``, and the
-    ``GROUP`` query heads ``h = kv_head * GROUP + g`` (``g < GROUP``) that read ``kv_head``. It
-    runs lesson 04's online softmax over those tokens only (running max ``m_i``, running sum
-    ``l_i`` of ``exp(score - m_i)``, running ``acc``), then writes for each of its heads
+    Grid ``(B, Hkv, C)``. Program ``(b, kv_head, c)`` owns chunk ``c`` of sequence ``b``:
+    tokens ``[c * chunk_size, (c + 1) * chunk_size)`` cut at ``seq_lens[b]``, and the ``GROUP``
+    query heads ``h = kv_head * GROUP + g`` (``g < GROUP``) that read ``kv_head``. For each of
+    those heads it writes
 
-    * ``part_out[b, h, c, :] = acc / l_i``: the chunk's *normalised* output (float32), and
-    * ``part_lse[b, h, c] = m_i + log(l_i)``: the log-sum-exp of the chunk's scaled scores.
+    * ``part_out[b, h, c, :]``: the chunk's attention output, normalised (float32);
+    * ``part_lse[b, h, c]``: the natural log of ``sum_t exp(score_t)`` over the chunk's
+      scaled scores (its log-sum-exp), so that stage 2 can weigh the chunks.
 
-    A chunk with no tokens (``start >= seq_lens[b]``) does nothing at all: it writes nothing,
-    and the merge never reads it. Flat indices: row ``(b * Hq + h) * C + c`` of ``part_lse``,
-    and that row times ``HEAD_DIM`` plus the column in ``part_out``, where
-    ``Hq = tl.num_programs(1) * GROUP``.
+    A chunk that holds no token of its sequence writes nothing at all (stage 2 never reads it).
+    ``part_out`` and ``part_lse`` are contiguous: entry ``(b, h, c)`` is flat row
+    ``(b * Hq + h) * C + c``, with ``Hq = tl.num_programs(1) * GROUP``.
 
-    Example: ``seq_lens = [100]``, ``chunk_size = 40``, ``C = 4``: programs c = 0, 1, 2 attend
+    Example: ``seq_lens = [100]``, ``chunk_size = 40``, ``C = 4``: programs c = 0, 1, 2 own
     tokens [0, 40), [40, 80), [80, 100); program c = 3 returns at once.
 
     Hints:
-        * Put the whole body under ``if start < seq_len:``; ``end = tl.minimum(start +
-          chunk_size, seq_len)``.
-        * Lesson 04's loop (Ex 4.2 and 4.3) works unchanged on ``range(start, end, TILE)``:
-          ``tok = t0 + tl.arange(0, TILE)`` masked by ``tok < end``; block ids
-          ``tl.load(table_row + tok // BLOCK_SIZE, mask=..., other=0)`` (past ``end`` the
-          table holds garbage), cast to int64 before multiplying by ``stride_block``.
-        * Queries: rows ``g < GROUP`` of a ``[GROUP_PAD, HEAD_DIM]`` tile, other rows 0 (mask
-          the load and the stores). Scores ``tl.dot(q, tl.trans(k),
-          input_precision=DOT_PRECISION) * scale``, ``-inf`` for masked tokens.
-        * With ``DOT_UPCAST``, ``.to(tl.float32)`` q, k and v before the dots; then
-          ``tl.dot(p.to(v.dtype), v, ...)`` works for every dtype.
-        * A chunk here holds at least one token, so ``l_i > 0``: no guard for the division.
+        * Given: ``load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh, GROUP,
+          GROUP_PAD, HEAD_DIM, HEAD_DIM)`` loads the group's queries, 0 in padded rows; with
+          ``DOT_UPCAST`` cast them to float32. Then your Ex 5.2 gives ``(m, l, acc)``.
+        * From ``(m, l, acc)``: the output is what lesson 04 stored; for the log-sum-exp,
+          ``sum_t exp(s_t) = exp(m) * l``. Natural logs (``tl.log``), as everywhere here.
+        * Rows ``g >= GROUP`` are padding: mask them out of every store. A program stores a
+          ``[GROUP_PAD]`` vector of lse's and a ``[GROUP_PAD, HEAD_DIM]`` block of outputs.
+        * A chunk with tokens has ``l > 0``: the division needs no guard.
     """
-    raise NotImplementedError("Exercise 5.2: partial_attention_kernel")
+    raise NotImplementedError("Exercise 5.3: partial_attention_kernel")
 
 
 @triton.jit
-def merge_kernel(
+def merge_chunks_kernel(
     out_ptr,  # [B, Hq, HEAD_DIM], the output dtype
     part_out_ptr,  # [B, Hq, C, HEAD_DIM] float32
     part_lse_ptr,  # [B, Hq, C] float32
@@ -147,7 +191,7 @@ def merge_kernel(
     stride_ob, stride_oh,  # out strides (elements)
     HEAD_DIM: tl.constexpr,
 ):
-    """Exercise 5.3: stage 2, merge the chunks of one (sequence, query head).
+    """Exercise 5.4: stage 2, merge the chunks of one (sequence, query head).
 
     Grid ``(B, Hq)``: program ``(b, h)`` merges the ``used = cdiv(seq_lens[b], chunk_size)``
     chunks that hold tokens of sequence ``b``: rows ``(b * Hq + h) * C + c`` for ``c < used``
@@ -173,7 +217,7 @@ def merge_kernel(
         * Divide by ``l_i`` only where ``l_i > 0`` (``tl.where``): empty sequences give zeros.
         * ``out.to(out_ptr.dtype.element_ty)`` before ``tl.store``.
     """
-    raise NotImplementedError("Exercise 5.3: merge_kernel")
+    raise NotImplementedError("Exercise 5.4: merge_chunks_kernel")
 
 
 # ----------------------------------------------------------------------------- given
@@ -190,6 +234,50 @@ def _dot_options(dtype: torch.dtype) -> dict:
     upcast = _device.INTERPRET and dtype == torch.bfloat16
     return dict(DOT_PRECISION="ieee" if dtype == torch.float32 or upcast else "tf32",
                 DOT_UPCAST=upcast)
+
+
+@triton.jit
+def _chunk_state_kernel(
+    m_ptr, l_ptr, acc_ptr, q_ptr, k_cache_ptr, v_cache_ptr, table_row_ptr, start, end, kv_head,
+    scale, stride_qh, stride_block, stride_tok, stride_head,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    q = load_group_queries(q_ptr, 0, kv_head, 0, stride_qh, GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM)
+    if DOT_UPCAST:
+        q = q.to(tl.float32)
+    m, l, acc = attend_chunk(q, k_cache_ptr, v_cache_ptr, table_row_ptr, start, end, kv_head,
+                             scale, stride_block, stride_tok, stride_head, BLOCK_SIZE, HEAD_DIM,
+                             GROUP_PAD, TILE, DOT_PRECISION)
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(m_ptr + offs_g, m)
+    tl.store(l_ptr + offs_g, l)
+    tl.store(acc_ptr + offs_g[:, None] * HEAD_DIM + offs_d[None, :], acc)
+
+
+def chunk_state(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    b: int, kv_head: int, start: int, end: int, *, scale: float | None = None, tile: int = 32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Given: what :func:`attend_chunk` returns for tokens ``[start, end)`` of sequence ``b``
+    and the query heads that read ``kv_head``, in one program: ``(m [G], l [G], acc [G, D])``
+    float32, ``G = Hq // Hkv`` (the padding rows are dropped)."""
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_q_heads // k_cache.shape[2]
+    group_pad = max(16, triton.next_power_of_2(group))
+    m = torch.empty(group_pad, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty(group_pad, head_dim, dtype=torch.float32, device=q.device)
+    _chunk_state_kernel[(1,)](
+        m, l, acc, q[b], k_cache, v_cache, block_tables[b], start, end, kv_head,
+        head_dim**-0.5 if scale is None else float(scale), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        TILE=tile, **_dot_options(q.dtype),
+    )
+    return m[:group], l[:group], acc[:group]
 
 
 def launch_partials(
@@ -247,13 +335,13 @@ def launch_merge(
     chunk_size: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Given: launch stage 2 (:func:`merge_kernel`) on grid (B, Hq); returns [B, Hq, D] in
+    """Given: launch stage 2 (:func:`merge_chunks_kernel`) on grid (B, Hq); returns [B, Hq, D] in
     ``dtype``. Reads only the chunks that hold tokens."""
     batch, num_q_heads, num_chunks, head_dim = part_out.shape
     out = torch.empty(batch, num_q_heads, head_dim, dtype=dtype, device=part_out.device)
     if batch == 0:
         return out
-    merge_kernel[(batch, num_q_heads)](
+    merge_chunks_kernel[(batch, num_q_heads)](
         out, part_out, part_lse, seq_lens, chunk_size, num_chunks,
         out.stride(0), out.stride(1), HEAD_DIM=head_dim,
     )
@@ -270,7 +358,7 @@ def split_kv_decode(
     chunk_size: int,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Given (not an exercise): split-KV decode attention = 5.2 (partials) + 5.3 (merge).
+    """Given (not an exercise): split-KV decode attention = 5.3 (partials) + 5.4 (merge).
 
     Same contract as ``paged_ref.paged_attention`` for valid inputs (head_dim a power of two
     >= 16 here): returns [B, Hq, D] in q's dtype; a sequence of length 0 gives zeros.

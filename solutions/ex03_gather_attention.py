@@ -2,8 +2,8 @@
 
 Three steps, one exercise each, then a given function that chains them:
 
-* Ex 3.1 :func:`token_slots`      logical token position -> physical slot in the cache
-* Ex 3.2 :func:`gather_kv`        copy every cached token's K and V into contiguous tensors
+* Ex 3.1 :func:`padded_slots`     logical token position -> physical slot, for a whole batch
+* Ex 3.2 :func:`gather_slots`     copy every cached token's K and V into contiguous tensors
 * Ex 3.3 :func:`masked_attention` decode attention over those tensors, masking padding
 * given  :func:`paged_attention_gather` = 3.1 + 3.2 + 3.3
 
@@ -23,10 +23,14 @@ from __future__ import annotations
 import torch
 
 
-def token_slots(
+def padded_slots(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exercise 3.1: the physical slot of every logical token position.
+    """Exercise 3.1: the physical slot of every logical token position, for a whole batch.
+
+    ``paged_ref.cache_math.token_slots(block_table, seq_len, block_size)`` (lesson 02) does one
+    sequence as a Python list; this is the same for every row of a batch at once, as tensors,
+    padded to ``max_len`` columns.
 
     Args:
         block_tables: [B, max_blocks] int32; row b lists sequence b's blocks in order. Entries
@@ -68,14 +72,14 @@ def token_slots(
     # END SOLUTION
 
 
-def gather_kv(
+def gather_slots(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 3.2: copy each slot's K and V into contiguous tensors.
 
     Args:
         k_cache, v_cache: [num_blocks, block_size, Hkv, D].
-        slots: [B, L] int64 slots in ``[0, num_blocks * block_size)`` (from :func:`token_slots`).
+        slots: [B, L] int64 slots in ``[0, num_blocks * block_size)`` (from :func:`padded_slots`).
 
     Returns:
         k, v: [B, L, Hkv, D] in the cache's dtype, ``k[b, t] = k_cache_flat[slots[b, t]]`` where
@@ -159,6 +163,6 @@ def paged_attention_gather(
     block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
     scale = head_dim**-0.5 if scale is None else scale
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
-    slots, valid = token_slots(block_tables, seq_lens, max_len, block_size)
-    k, v = gather_kv(k_cache, v_cache, slots)
+    slots, valid = padded_slots(block_tables, seq_lens, max_len, block_size)
+    k, v = gather_slots(k_cache, v_cache, slots)
     return masked_attention(q, k, v, valid, scale)

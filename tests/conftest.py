@@ -24,7 +24,7 @@ def load_exercise(config, name: str):
     return importlib.import_module(f"{config.getoption('--impl')}.{name}")
 
 
-EXERCISE = re.compile(r"Exercise \d+\.\d+: \w+")
+EXERCISE = re.compile(r"Exercise \d+\.\d+[a-z]?: \w+")  # 4.2, or a warm-up such as 4.0a
 
 
 def unsolved_exercise(exc: BaseException) -> str | None:

@@ -88,6 +88,17 @@ def test_stub_generation_replaces_each_block():
     assert "return x + 1" not in stub and "y = 1" in stub
 
 
+def test_stub_generation_takes_a_label_for_warm_ups():
+    source = ("def f():\n    # BEGIN SOLUTION 4.0a\n    pass\n    # END SOLUTION\n"
+              "def g():\n    # BEGIN SOLUTION\n    pass\n    # END SOLUTION\n")
+    stub = make_exercises.make_stub(source, 4)
+    assert 'raise NotImplementedError("Exercise 4.0a: f")' in stub
+    assert 'raise NotImplementedError("Exercise 4.2: g")' in stub
+    with pytest.raises(ValueError, match="label"):
+        make_exercises.make_stub("def f():\n    # BEGIN SOLUTION 5.1\n    pass\n"
+                                 "    # END SOLUTION\n", 4)
+
+
 @pytest.mark.parametrize(
     "source",
     ["def f():\n    # BEGIN SOLUTION\n    pass\n",
@@ -97,3 +108,43 @@ def test_stub_generation_replaces_each_block():
 def test_stub_generation_rejects_broken_markers(source):
     with pytest.raises(ValueError):
         make_exercises.make_stub(source, 1)
+
+
+def _paged_ref_functions() -> dict[str, list[tuple[str, object]]]:
+    """Every module-level function (and Triton kernel) of paged_ref, by name."""
+    import pkgutil
+
+    import paged_ref
+
+    found: dict[str, list[tuple[str, object]]] = {}
+    for info in pkgutil.walk_packages(paged_ref.__path__, "paged_ref."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (GPU-only, engine extras) is missing
+            continue
+        for name, obj in _public(module).items():
+            if not inspect.isclass(obj):
+                found.setdefault(name, []).append((info.name, obj))
+    return found
+
+
+def _parameters(obj) -> list[tuple[str, str]]:
+    fn = getattr(obj, "fn", obj)
+    return [(p.name, p.kind.name) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("name", SOLUTION_FILES)
+def test_same_name_as_paged_ref_means_the_same_signature(name):
+    """A function an exercise shares a name with in paged_ref takes the same parameters, so
+    "compare with paged_ref's version" compares like with like."""
+    library = _paged_ref_functions()
+    sol = importlib.import_module(f"solutions.{name}")
+    clashes = []
+    for attr, obj in _public(sol).items():
+        if inspect.isclass(obj):
+            continue
+        for where, other in library.get(attr, []):
+            if _parameters(obj) != _parameters(other):
+                clashes.append(f"{name}.{attr}{inspect.signature(getattr(obj, 'fn', obj))} vs "
+                               f"{where}.{attr}{inspect.signature(getattr(other, 'fn', other))}")
+    assert not clashes, "same name, different signature (rename one):\n" + "\n".join(clashes)

@@ -4,7 +4,8 @@ becomes ``raise NotImplementedError("Exercise N.M: <function>")``.
     python tools/make_exercises.py          # (re)write exercises/
     python tools/make_exercises.py --check  # exit 1 if exercises/ is out of date
 
-N is the lesson number from the file name (``ex04_…`` → 4), M counts the blocks in the file.
+N is the lesson number from the file name (``ex04_…`` → 4), M counts the blocks in the file;
+a marker may name its exercise instead (``# BEGIN SOLUTION 4.0a`` for warm-ups before 4.1).
 Edit solutions/, never exercises/ (tests/test_exercise_pipeline.py fails when they drift).
 """
 
@@ -39,13 +40,18 @@ def make_stub(source: str, lesson: int, filename: str = "<solution>") -> str:
     count = 0
     for lineno, line in enumerate(source.splitlines(keepends=True), 1):
         marker = line.strip()
-        if marker == BEGIN:
+        if marker == BEGIN or marker.startswith(BEGIN + " "):
             if inside:
                 raise ValueError(f"{filename}:{lineno}: nested {BEGIN}")
             inside, count = True, count + 1
+            label = marker[len(BEGIN):].strip()
+            if label and not re.fullmatch(rf"{lesson}\.\d+[a-z]?", label):
+                raise ValueError(f"{filename}:{lineno}: exercise label {label!r} is not "
+                                 f"{lesson}.M or {lesson}.Mx")
             indent = line[: len(line) - len(line.lstrip())]
             name = _enclosing_function(out, len(indent))
-            out.append(f'{indent}raise NotImplementedError("Exercise {lesson}.{count}: {name}")\n')
+            number = label or f"{lesson}.{count}"
+            out.append(f'{indent}raise NotImplementedError("Exercise {number}: {name}")\n')
         elif marker == END:
             if not inside:
                 raise ValueError(f"{filename}:{lineno}: {END} without {BEGIN}")

@@ -652,3 +652,94 @@ class BlockTableExplorer:
         with self._out:
             self._out.clear_output(wait=True)
             display(Image(data=png.getvalue()))
+
+
+# ---- Which addresses a kernel read (lesson 04's warm-ups) ------------------------------------
+
+
+def reads_from_probe(loaded, numel: int) -> list[bool]:
+    """Which elements of an *address probe* a kernel read, from the values it loaded.
+
+    An address probe is a tensor of ``numel`` elements whose element at flat index ``a`` holds
+    ``a + 1`` (``torch.arange(1, numel + 1, dtype=torch.float32)``, reshaped or viewed as the
+    kernel expects). Every value a kernel loads from it names the address it came from; masked
+    lanes load ``other`` (0 here), which names none. ``loaded`` is anything with ``.tolist()``
+    or a nested sequence of numbers. Returns ``touched[a]`` for ``a`` in ``range(numel)``.
+    """
+    values = loaded.tolist() if hasattr(loaded, "tolist") else loaded
+    flat: list[float] = []
+    stack = [values]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        else:
+            flat.append(item)
+    touched = [False] * numel
+    for v in flat:
+        if v == v and v == int(v) and 1 <= v <= numel:  # v == v: not NaN
+            touched[int(v) - 1] = True
+    return touched
+
+
+def draw_memory_reads(touched: Sequence[bool], expected: Sequence[bool], cols: int, *,
+                      title: str = "", labels: Sequence[str] | None = None) -> Figure:
+    """A buffer's elements as a grid of ``cols`` per row, coloured by what a kernel read.
+
+    ``touched[a]``: the kernel read element ``a`` (e.g. from :func:`reads_from_probe`);
+    ``expected[a]``: the spec says it must read it. Green: read, as it should; red: read but
+    outside the data (a missed mask); white with a red edge: data it should have read but did
+    not; grey: neither. ``labels`` names the rows (e.g. ``["row 0", ...]``).
+    """
+    if len(touched) != len(expected):
+        raise ValueError(f"touched has {len(touched)} elements but expected has {len(expected)}")
+    if cols < 1:
+        raise ValueError(f"cols must be >= 1, got {cols}")
+    rows = -(-len(touched) // cols)
+    fig = Figure(figsize=(min(0.32 * cols + 1.6, 12), 0.32 * rows + 0.9), layout="constrained")
+    ax = fig.subplots()
+    colours = {(True, True): "#4caf50", (True, False): "#e53935", (False, True): EMPTY_COLOR,
+               (False, False): FREE_COLOR}
+    counts = {key: 0 for key in colours}
+    for a, (t, e) in enumerate(zip(touched, expected, strict=True)):
+        r, c = divmod(a, cols)
+        key = (bool(t), bool(e))
+        counts[key] += 1
+        edge = "#e53935" if key == (False, True) else "white"
+        ax.add_patch(Rectangle((c, rows - 1 - r), 1, 1, facecolor=colours[key], edgecolor=edge,
+                               linewidth=1.2))
+    ax.set(xlim=(0, cols), ylim=(0, rows), aspect="equal", xticks=[])
+    ax.set_yticks([rows - 0.5 - r for r in range(rows)],
+                  labels or [f"{r * cols}" for r in range(rows)], fontsize=8)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(f"{title}\nread as specified {counts[(True, True)]}, read outside the data "
+                 f"{counts[(True, False)]}, missed {counts[(False, True)]}", fontsize=10)
+    return fig
+
+
+def draw_running_max(values: Sequence[float], block: int, steps: Sequence[float], *,
+                     title: str = "") -> Figure:
+    """One row walked ``block`` values per loop step: the values (dots, coloured by step) and
+    the running max stored after each step (a step line), as in lesson 04's warm-up 4.0c."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    values, steps = list(values), list(steps)
+    fig = Figure(figsize=(9, 3), layout="constrained")
+    ax = fig.subplots()
+    for s in range(-(-len(values) // block)):
+        lo, hi = s * block, min((s + 1) * block, len(values))
+        colour = PALETTE[s % len(PALETTE)]
+        ax.axvspan(lo - 0.5, hi - 0.5, color=colour, alpha=0.08)
+        ax.plot(range(lo, hi), values[lo:hi], "o", ms=4, color=colour)
+        if s < len(steps) and steps[s] == steps[s]:
+            ax.hlines(steps[s], lo - 0.5, hi - 0.5, color="black", lw=2,
+                      label="running max stored after the step" if s == 0 else None)
+            ax.annotate(f"{steps[s]:.2f}", ((lo + hi - 1) / 2, steps[s]), ha="center",
+                        textcoords="offset points", xytext=(0, 4), fontsize=8)
+    ax.set(xlabel="position in the row (background: one loop step each)", ylabel="value",
+           title=title or f"running max, {block} values per loop step")
+    if steps:
+        ax.legend(loc="lower right", fontsize=8)
+    return fig

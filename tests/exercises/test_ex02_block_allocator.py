@@ -51,6 +51,24 @@ def test_2_1_allocate_hands_out_every_block_once(ex, num_blocks):
     assert_equal(a.num_free_blocks, 0, name="num_free_blocks after taking every block")
 
 
+def assert_in_step(a, when: str) -> None:
+    """The allocator's two views of the free blocks agree: every id in both or in neither."""
+    assert_equal(sorted(a._free_set), sorted(a._free_list),
+                 name=f"free block ids: _free_set vs _free_list {when}")
+
+
+@pytest.mark.parametrize("num_blocks", [1, 4])
+def test_2_1_allocate_keeps_the_free_set_in_step(ex, num_blocks):
+    a = ex.SimpleBlockAllocator(num_blocks)
+    for i in range(num_blocks):
+        block = a.allocate()
+        assert block not in a._free_set, (
+            f"allocate() returned block {block} but left it in _free_set: free() would then "
+            f"call it 'already free' and a later allocate() could hand it out twice"
+        )
+        assert_in_step(a, f"after allocate() number {i + 1}")
+
+
 def test_2_1_allocate_raises_out_of_blocks_when_empty(ex):
     a = ex.SimpleBlockAllocator(2)
     a.allocate()
@@ -126,6 +144,7 @@ def test_2_1_and_2_2_allocate_and_free_in_random_order(ex, seed):
                 a.allocate()
         assert_equal(a.num_free_blocks, num_blocks - len(held),
                      name=f"num_free_blocks after step {step}")
+        assert_in_step(a, f"after step {step}")
 
 
 # ---- 2.3 blocks_needed -------------------------------------------------------------------

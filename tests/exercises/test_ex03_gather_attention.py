@@ -2,7 +2,7 @@
 
 Run against the worked solutions (default) or your file:
 ``pytest tests/exercises/test_ex03_gather_attention.py --impl exercises``.
-In the notebook: ``course.check("ex03_gather_attention", keyword="token_slots")``.
+In the notebook: ``course.check("ex03_gather_attention", keyword="padded_slots")``.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def _expected_slots(inp, max_len, block_size):
     return slots, valid
 
 
-# ---- Exercise 3.1: token_slots ----------------------------------------------------------------
+# ---- Exercise 3.1: padded_slots --------------------------------------------------------------
 
 
-def test_token_slots_docstring_example(ex):
+def test_padded_slots_docstring_example(ex):
     tables = torch.tensor([[7, 2, -1], [5, -1, 99999]], dtype=torch.int32)
     lens = torch.tensor([6, 3], dtype=torch.int32)
-    slots, valid = ex.token_slots(tables, lens, 6, 4)
+    slots, valid = ex.padded_slots(tables, lens, 6, 4)
     assert_equal(slots, torch.tensor([[28, 29, 30, 31, 8, 9], [20, 21, 22, 0, 0, 0]]),
                  name="slots")
     assert_equal(valid, torch.tensor([[True] * 6, [True] * 3 + [False] * 3]), name="valid")
@@ -51,10 +51,10 @@ def test_token_slots_docstring_example(ex):
     [([5, 16, 0, 31], 8), ([1, 2, 3], 1), ([17, 32, 33], 16), ([0, 0], 4)],
     ids=["bs8_ragged", "bs1", "bs16_boundaries", "all_empty"],
 )
-def test_token_slots_on_random_tables(ex, seq_lens, block_size):
+def test_padded_slots_on_random_tables(ex, seq_lens, block_size):
     inp = make_paged_inputs(seq_lens, block_size=block_size, seed=sum(seq_lens) + block_size)
     max_len = max(seq_lens)
-    slots, valid = ex.token_slots(inp.block_tables, inp.seq_lens, max_len, block_size)
+    slots, valid = ex.padded_slots(inp.block_tables, inp.seq_lens, max_len, block_size)
     expected_slots, expected_valid = _expected_slots(inp, max_len, block_size)
     assert isinstance(slots, torch.Tensor) and slots.dtype == torch.int64, (
         f"slots must be an int64 tensor, got {getattr(slots, 'dtype', type(slots))}"
@@ -66,33 +66,33 @@ def test_token_slots_on_random_tables(ex, seq_lens, block_size):
     assert_equal(slots, expected_slots, name="slots (0 where invalid)")
 
 
-def test_token_slots_pads_past_the_longest_sequence(ex):
+def test_padded_slots_pads_past_the_longest_sequence(ex):
     """max_len may exceed every length (up to what the table holds): padding is slot 0."""
     inp = make_paged_inputs([3, 9], block_size=4, seed=31, spare_columns=2)
     max_len = inp.block_tables.shape[1] * 4
-    slots, valid = ex.token_slots(inp.block_tables, inp.seq_lens, max_len, 4)
+    slots, valid = ex.padded_slots(inp.block_tables, inp.seq_lens, max_len, 4)
     expected_slots, expected_valid = _expected_slots(inp, max_len, 4)
     assert_equal(valid, expected_valid, name="valid")
     assert_equal(slots, expected_slots, name="slots (0 where invalid)")
 
 
-def test_token_slots_huge_entries_do_not_overflow(ex):
+def test_padded_slots_huge_entries_do_not_overflow(ex):
     """A used block id near the int32 limit: multiply in int64."""
     big = 2**31 - 2
     tables = torch.tensor([[big, -1]], dtype=torch.int32)
-    slots, _ = ex.token_slots(tables, torch.tensor([2], dtype=torch.int32), 2, 16)
+    slots, _ = ex.padded_slots(tables, torch.tensor([2], dtype=torch.int32), 2, 16)
     assert_equal(slots, torch.tensor([[big * 16, big * 16 + 1]]), name="slots")
 
 
-# ---- Exercise 3.2: gather_kv ------------------------------------------------------------------
+# ---- Exercise 3.2: gather_slots --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gather_kv_copies_each_slot(ex, dtype):
+def test_gather_slots_copies_each_slot(ex, dtype):
     inp = make_paged_inputs([7, 20, 1], num_kv_heads=2, head_dim=32, block_size=8, dtype=dtype,
                             seed=32)
     slots, _ = _expected_slots(inp, 20, 8)
-    k, v = ex.gather_kv(inp.k_cache, inp.v_cache, slots)
+    k, v = ex.gather_slots(inp.k_cache, inp.v_cache, slots)
     assert k.shape == (3, 20, 2, 32) and v.shape == (3, 20, 2, 32), (
         f"expected k, v of shape (3, 20, 2, 32), got {tuple(k.shape)} and {tuple(v.shape)}"
     )
@@ -105,10 +105,10 @@ def test_gather_kv_copies_each_slot(ex, dtype):
             assert_equal(v[b, t], inp.v_cache[blk, off], name=f"v[{b}, {t}] (slot {s})")
 
 
-def test_gather_kv_returns_copies(ex):
+def test_gather_slots_returns_copies(ex):
     inp = make_paged_inputs([6], block_size=4, seed=33)
     slots, _ = _expected_slots(inp, 6, 4)
-    k, _ = ex.gather_kv(inp.k_cache, inp.v_cache, slots)
+    k, _ = ex.gather_slots(inp.k_cache, inp.v_cache, slots)
     before = inp.k_cache.clone()
     k.zero_()
     assert torch.equal(inp.k_cache, before), "writing to the gathered k changed the cache"

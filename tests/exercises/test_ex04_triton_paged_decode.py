@@ -209,7 +209,11 @@ def test_load_kv_tile_matches_the_table(ex, seq_lens, block_size, head_dim, dtyp
                       f" (rows past token {seq_lens[b] - 1} and columns past {head_dim - 1}: 0)")
 
 
-_INT64_PROBE = '''
+# The probes below run in a subprocess (a wrong kernel there crashes the process instead of
+# raising). They load the exercise module from its file, whichever that is (yours, the solution,
+# or a mutant planted by tests/mutations).
+_PROBE_HEADER = '''
+import importlib.util
 import sys
 import torch
 import paged_ref  # noqa: F401  (interpreter on a CPU)
@@ -217,8 +221,27 @@ import triton
 import triton.language as tl
 from paged_ref import _device
 
-sys.path.insert(0, {root!r})
-import {impl}.ex04_triton_paged_decode as ex
+spec = importlib.util.spec_from_file_location("exercise_under_test", {path!r})
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+'''
+
+
+def run_probe(ex, body: str, tmp_path) -> tuple[int, str]:
+    """Run ``body`` (with ``ex`` loaded from ``ex.__file__``) in a fresh Python; return its exit
+    status and output. A stub's NotImplementedError comes back out as NotImplementedError."""
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE_HEADER.format(path=str(ex.__file__)) + textwrap.dedent(body))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    text = proc.stdout + proc.stderr
+    found = re.search(r"Exercise \d+\.\d+[a-z]?: \w+", text)
+    if proc.returncode != 0 and "NotImplementedError" in text and found:
+        raise NotImplementedError(found.group(0))
+    return proc.returncode, text
+
+
+_INT64_PROBE = '''
 
 
 @triton.jit
@@ -251,31 +274,73 @@ sys.exit(0 if torch.equal(out.cpu(), expected) else 3)
 
 
 @needs_triton
-def test_load_kv_tile_uses_64bit_offsets(ex, request, tmp_path):
+def test_load_kv_tile_uses_64bit_offsets(ex, tmp_path):
     """Block ids near 2**26 with a block stride of 128 elements: block * stride = 2**33.
 
     Runs in a subprocess, because an int32 product wraps to an address outside the cache and
     crashes the process instead of raising."""
-    impl = request.config.getoption("--impl")
-    script = tmp_path / "int64_probe.py"
-    script.write_text(textwrap.dedent(_INT64_PROBE.format(root=str(ROOT), impl=impl)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-    text = proc.stdout + proc.stderr
-    found = re.search(r"Exercise \d+\.\d+: \w+", text)
-    if proc.returncode != 0 and "NotImplementedError" in text and found:
-        raise NotImplementedError(found.group(0))
-    if proc.returncode == 3:
+    returncode, text = run_probe(ex, _INT64_PROBE, tmp_path)
+    if returncode == 3:
         raise AssertionError("load_kv_tile read the wrong rows for block ids whose offset "
                              "(block * stride_block = 2**33 elements) does not fit in int32: "
                              "cast the block ids to int64 before multiplying")
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-6:])
         raise AssertionError(
-            f"the kernel crashed (exit status {proc.returncode}) for block ids whose offset "
+            f"the kernel crashed (exit status {returncode}) for block ids whose offset "
             f"block * stride_block = 2**33 elements does not fit in int32. In int32 the product "
             f"wraps around to an address outside the cache: cast the block ids to int64 before "
             f"multiplying.\n{tail}"
+        )
+
+
+_GUARD_PROBE = '''
+import ctypes
+import mmap
+
+# Two pages of memory; the second made unreadable (a "guard page"). The block table row is the
+# last 3 int32s of the first page: reading the table one entry past the row touches the guard
+# page and the process dies with SIGSEGV, as a GPU kernel would read out of bounds.
+PAGE = mmap.PAGESIZE
+buf = mmap.mmap(-1, 2 * PAGE)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+if libc.mprotect(base + PAGE, PAGE, 0) != 0:  # PROT_NONE
+    sys.exit(4)
+page = torch.frombuffer(buf, dtype=torch.int32, count=PAGE // 4)
+row = page[-3:].view(1, 3)
+row.copy_(torch.tensor([[4, 1, 6]], dtype=torch.int32))
+gen = torch.Generator().manual_seed(58)
+cache = torch.randn(8, 4, 2, 16, generator=gen)
+lens = torch.tensor([10], dtype=torch.int32)         # 3 blocks of 4: tokens 0..9
+tile = ex.gather_kv_tile(cache, row, lens, 0, 1, 0, tile=16)   # tokens 0..15: tok // 4 <= 3
+expected = torch.zeros(16, 16)
+for t in range(10):
+    expected[t] = cache[[4, 1, 6][t // 4], t % 4, 1]
+sys.exit(0 if torch.equal(tile, expected) else 3)
+'''
+
+
+@needs_triton
+@pytest.mark.skipif(DEVICE != "cpu" or not sys.platform.startswith("linux"),
+                    reason="the guard page works for Triton's CPU interpreter on Linux")
+def test_load_kv_tile_masks_the_block_table_load(ex, tmp_path):
+    """A tile that runs past the end of the table row must not read the table there.
+
+    The row sits just before an unreadable page of memory: an unmasked load of the block ids
+    (tokens 12..15 look up entry 3 of a 3-entry row) crashes the process."""
+    returncode, text = run_probe(ex, _GUARD_PROBE, tmp_path)
+    if returncode == 3:
+        raise AssertionError("load_kv_tile gathered the wrong tile for a 10-token sequence whose "
+                             "3-entry table row ends at an unreadable page")
+    if returncode != 0:
+        tail = "\n".join(text.strip().splitlines()[-6:])
+        raise AssertionError(
+            f"the kernel crashed (exit status {returncode}): it read the block table past the "
+            f"end of the row (tokens 12..15 of a 10-token sequence look up entry 3 of a 3-entry "
+            f"row). Mask the block-id load with t_mask: past a sequence's end the table holds "
+            f"garbage, and past the row's end it is not the table at all.\n{tail}"
         )
 
 

@@ -136,7 +136,54 @@ def test_merge_partials_merges_again(ex):
     assert_close(twice, once, name="merge of two merges vs one merge")
 
 
-# ---- Exercise 5.2: partial_attention_kernel (stage 1) ----------------------------------------
+# ---- Exercise 5.2: attend_chunk (lesson 04's loop on one chunk) -------------------------------
+
+
+def _expected_state(inp, b, kv_head, start, end, scale):
+    """float64 (m [G], lse [G], out [G, D]) of tokens [start, end) of sequence b."""
+    block_size, num_kv_heads = inp.k_cache.shape[1], inp.k_cache.shape[2]
+    group = inp.q.shape[1] // num_kv_heads
+    slots = torch.tensor(token_slots(inp.block_tables[b].tolist(), end, block_size, start),
+                         dtype=torch.long)
+    k = inp.k_cache.detach().cpu().double().flatten(0, 1)[slots, kv_head]  # [n, D]
+    v = inp.v_cache.detach().cpu().double().flatten(0, 1)[slots, kv_head]
+    q = inp.q.detach().cpu().double()[b, kv_head * group:(kv_head + 1) * group]  # [G, D]
+    scores = q @ k.T * scale  # [G, n]
+    return scores.max(dim=1).values, torch.logsumexp(scores, 1), torch.softmax(scores, 1) @ v
+
+
+@pytest.mark.parametrize(
+    "seq_lens, hq, hkv, block_size, dtype, b, kv_head, start, end",
+    [([100, 37], 8, 2, 16, torch.float32, 0, 1, 40, 80),    # inside the sequence: tokens
+     ([100, 37], 8, 2, 16, torch.float32, 1, 0, 24, 37),    # on both sides are real
+     ([70, 9], 4, 4, 4, torch.float16, 0, 3, 5, 62),        # 4 tiles of 16, MHA
+     ([50], 8, 1, 8, torch.bfloat16, 0, 0, 0, 50)],         # the whole sequence, GQA 8
+    ids=["middle_f32_gqa4", "tail_f32", "f16_mha_bs4", "whole_bf16_gqa8"],
+)
+def test_attend_chunk_matches_float64(ex, seq_lens, hq, hkv, block_size, dtype, b, kv_head,
+                                      start, end):
+    inp = make_paged_inputs(seq_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=32,
+                            block_size=block_size, dtype=dtype, poison="nan", device=DEVICE,
+                            seed=60 + start + end)
+    scale = 32**-0.5
+    m, l, acc = ex.chunk_state(*inp.args()[:4], b, kv_head, start, end, tile=16)
+    want_m, want_lse, want_out = _expected_state(inp, b, kv_head, start, end, scale)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    got_m = m.cpu().double()
+    assert (got_m - want_m).abs().max() < 1e-3 * (1 + want_m.abs().max()), (
+        f"m should be the largest scaled score of tokens {start}..{end - 1}: expected "
+        f"{want_m.tolist()}, got {got_m.tolist()}"
+    )
+    assert_close(acc.cpu() / l.cpu()[:, None], want_out, rel_tol=tol,
+                 name=f"acc / l (the attention output over tokens {start}..{end - 1})")
+    got_lse = got_m + torch.log(l.cpu().double())
+    assert (got_lse - want_lse).abs().max() < 1e-3 * (1 + want_lse.abs().max()), (
+        f"m + log(l) should be the log-sum-exp of the chunk's scores: expected "
+        f"{want_lse.tolist()}, got {got_lse.tolist()}"
+    )
+
+
+# ---- Exercise 5.3: partial_attention_kernel (stage 1) ----------------------------------------
 
 STAGE1_CASES = [
     # seq_lens, chunk_size, num_chunks, hq, hkv, block_size, dtype, poison
@@ -188,7 +235,7 @@ def test_partial_attention_kernel_skips_empty_chunks(ex):
     )
 
 
-# ---- Exercise 5.3: merge_kernel (stage 2) ----------------------------------------------------
+# ---- Exercise 5.4: merge_chunks_kernel (stage 2) ---------------------------------------------
 
 
 def _random_partials(seq_lens, chunk_size, num_chunks, hq, d, seed, lse_offset=0.0):
@@ -215,7 +262,8 @@ def _random_partials(seq_lens, chunk_size, num_chunks, hq, d, seed, lse_offset=0
      ([50, 20], 32, 2, torch.float16, 500.0)],
     ids=["ragged_with_empty", "many_chunks", "f16_large_lse"],
 )
-def test_merge_kernel_matches_float64(ex, seq_lens, chunk_size, num_chunks, dtype, lse_offset):
+def test_merge_chunks_kernel_matches_float64(ex, seq_lens, chunk_size, num_chunks, dtype,
+                                             lse_offset):
     part_out, part_lse, expected = _random_partials(seq_lens, chunk_size, num_chunks, 4, 32,
                                                     seed=55 + num_chunks, lse_offset=lse_offset)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
@@ -229,7 +277,7 @@ def test_merge_kernel_matches_float64(ex, seq_lens, chunk_size, num_chunks, dtyp
                          name=f"sequence {b} (length 0)")
 
 
-# ---- given: split_kv_decode = 5.2 + 5.3, against the float64 reference ------------------------
+# ---- given: split_kv_decode = 5.3 + 5.4, against the float64 reference ------------------------
 
 
 @pytest.mark.parametrize(
