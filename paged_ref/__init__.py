@@ -2,7 +2,7 @@
 
 Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManager`,
 :class:`PagedKVCache`. Attention: :func:`paged_attention` with backends ``"torch"``,
-``"triton"``, ``"triton_split"`` and ``"auto"``. Layouts are in DESIGN.md and the docstrings.
+``"triton"``, ``"triton_split"`` and ``"auto"``. Layouts: docs/contract.md and the docstrings.
 """
 
 # Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.
