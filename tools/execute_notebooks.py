@@ -97,8 +97,19 @@ def clean(nb, root: Path = ROOT) -> None:
                 out["traceback"] = [line.replace(here, ".") for line in out["traceback"]]
 
 
-def execute(path: Path, timeout: int = 900) -> tuple[str, float, str | None]:
-    """Run one notebook in a fresh kernel and write it back; (name, seconds, error or None)."""
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): timings on a busy machine lie."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):
+        return None
+
+
+def execute(path: Path, timeout: int = 900) -> tuple[str, float, str | None, float | None]:
+    """Run one notebook in a fresh kernel and write it back.
+
+    Returns (name, seconds, error or None, load average when it started).
+    """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -109,12 +120,15 @@ def execute(path: Path, timeout: int = 900) -> tuple[str, float, str | None]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}},
-                            store_widget_state=False, record_timing=False)
+                            record_timing=False)  # widget state: dropped by clean()
+    load = load_average()
     start = time.perf_counter()
     try:
         client.execute()
     except CellExecutionError as err:
-        return path.name, time.perf_counter() - start, str(err)[-3000:]
+        return path.name, time.perf_counter() - start, str(err)[-3000:], load
+    except Exception as err:  # noqa: BLE001 (a dead kernel, a timeout: report, go on)
+        return path.name, time.perf_counter() - start, f"{type(err).__name__}: {err}", load
     seconds = time.perf_counter() - start
     clean(nb)
     nb.metadata["paged_ref"] = {
@@ -123,7 +137,7 @@ def execute(path: Path, timeout: int = 900) -> tuple[str, float, str | None]:
         "executed_with": "PAGED_REF_IMPL=solutions, CPU (tools/execute_notebooks.py)",
     }
     nbformat.write(nb, path)
-    return path.name, seconds, None
+    return path.name, seconds, None, load
 
 
 def machine() -> dict:
@@ -140,16 +154,19 @@ def machine() -> dict:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
 
 
-def record_timings(seconds: dict[str, float], jobs: int) -> None:
+def record_timings(seconds: dict[str, tuple[float, float | None]], jobs: int) -> None:
     """Merge this run's times into notebooks/timings.json (other notebooks keep theirs)."""
     data = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
     notebooks = data.get("notebooks", {})
     stamp = machine()
-    for name, s in seconds.items():
-        notebooks[name] = {"seconds": round(s, 1), "date": stamp["date"], "jobs": jobs}
+    for name, (s, load) in seconds.items():
+        notebooks[name] = {"seconds": round(s, 1), "date": stamp["date"], "jobs": jobs,
+                           "load_average": load}
     data = {
         "what": "wall time of each notebook executed top to bottom in a fresh kernel on a CPU "
-                "(tools/execute_notebooks.py); 'jobs' notebooks ran at once",
+                "(tools/execute_notebooks.py); 'jobs' notebooks ran at once; 'load_average' is the "
+                "machine's 1-minute load when the notebook started (on a busy machine, times "
+                "grow with it)",
         "machine": {k: v for k, v in stamp.items() if k != "date"},
         "notebooks": dict(sorted(notebooks.items())),
     }
@@ -176,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         pool = ProcessPoolExecutor(max_workers=args.jobs)
         results = pool.map(execute, paths, timeouts)
     seconds, failed = {}, []
-    for name, s, error in results:
+    for name, s, error, load in results:
         if error is None:
-            seconds[name] = s
+            seconds[name] = (s, load)
             print(f"{name}: ran in {s:.1f} s, outputs written", flush=True)
         else:
             failed.append(name)

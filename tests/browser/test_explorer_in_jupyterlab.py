@@ -13,6 +13,7 @@ which .ci/run calls after `make test`.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -76,12 +77,33 @@ def start_lab(workdir: Path, tries: int = 3, timeout: float = 90.0):
 def lab(tmp_path):
     shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)  # the run's outputs never touch the repo
     proc, url, token = start_lab(tmp_path)
-    yield url, token
+    yield url, token, tmp_path
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def wait_for_idle_kernel(page, timeout_ms: int = 120_000) -> None:
+    """Until the status bar says the notebook's kernel is connected and idle."""
+    page.locator(".jp-StatusBar-Widget").get_by_text(
+        re.compile(r"Python 3 \(ipykernel\) \| Idle")).first.wait_for(timeout=timeout_ms)
+
+
+def wait_for_every_cell_run(page, timeout_s: float = 120) -> None:
+    """Until no code cell is queued ("[*]:") and the last one shows its count ("[16]:").
+
+    Cells scrolled out of view render no text (JupyterLab's windowing): those are skipped.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        prompts = [p.strip() for p in
+                   page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts() if p.strip()]
+        if prompts and "[*]:" not in prompts and re.fullmatch(r"\[\d+\]:", prompts[-1]):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the notebook did not finish in {timeout_s} s: prompts {prompts}")
 
 
 def explorer_image(page):
@@ -95,40 +117,54 @@ def test_notebook_02_runs_and_the_explorer_buttons_change_the_picture(lab):
     playwright = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (see README)")
-    url, token = lab
+    url, token, workdir = lab
     errors: list[str] = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={token}")
-        page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for()
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
-            timeout=90_000)
-
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        image = explorer_image(page)
-        image.wait_for(timeout=90_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
-            timeout=90_000)
-        failed = page.locator(".jp-OutputArea-output[data-mime-type="
-                              "'application/vnd.jupyter.stderr'] >> text=Traceback")
-        assert failed.count() == 0, failed.first.inner_text()
-        assert page.get_by_text("FAILED").count() == 0, "a check cell failed"
-
-        for label in BUTTONS:
-            before = image.get_attribute("src")
-            page.get_by_role("button", name=label, exact=True).first.click()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                image = explorer_image(page)
-                if image.count() and image.get_attribute("src") not in (None, before):
-                    break
-                time.sleep(0.2)
-            else:
-                pytest.fail(f"the picture did not change after '{label}'")
-        browser.close()
+        try:
+            drive_notebook(page, url, token, errors)
+        except BaseException:
+            shot = Path(os.environ.get("PAGED_REF_BROWSER_ARTIFACTS", workdir)) / "failure.png"
+            page.screenshot(path=str(shot), full_page=True)
+            log = (workdir / "lab.log").read_text()[-3000:]
+            print(f"screenshot: {shot}\nconsole errors: {errors}\nJupyterLab log:\n{log}")
+            raise
+        finally:
+            browser.close()
     assert not errors, f"browser console errors: {errors}"
+
+
+def drive_notebook(page, url: str, token: str, errors: list[str]) -> None:
+    """Open notebook 02, run all cells, click every explorer button; fail on anything odd."""
+    page.set_default_timeout(60_000)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={token}")
+    page.locator(".jp-NotebookPanel .jp-Notebook .jp-CodeCell").first.wait_for()
+    wait_for_idle_kernel(page)
+    news = page.get_by_role("button", name="No", exact=True)  # the "Jupyter news?" toast
+    if news.count():
+        news.first.click()
+
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    image = explorer_image(page)
+    image.wait_for(timeout=120_000)
+    wait_for_every_cell_run(page)
+    failed = page.locator(".jp-OutputArea-output[data-mime-type="
+                          "'application/vnd.jupyter.stderr'] >> text=Traceback")
+    assert failed.count() == 0, failed.first.inner_text()
+    assert page.get_by_text("FAILED").count() == 0, "a check cell failed"
+
+    for label in BUTTONS:
+        before = image.get_attribute("src")
+        page.get_by_role("button", name=label, exact=True).first.click()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            image = explorer_image(page)
+            if image.count() and image.get_attribute("src") not in (None, before):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the picture did not change after '{label}'")
