@@ -119,3 +119,19 @@ def test_clean_strips_widgets_and_paths(tmp_path):
     assert tool.WIDGET_VIEW not in cell.outputs[0].data and "image/png" in cell.outputs[0].data
     assert cell.outputs[1].text == "read ./exercises/x.py"
     assert tool.count_images(nb) == 1
+
+
+def test_site_shows_every_picture(tmp_path):
+    """`make site` renders each lesson with all its pictures (no execution needed)."""
+    pytest.importorskip("nbconvert")
+    import build_site
+
+    pages = build_site.build(tmp_path)
+    assert [Path(page).stem for page, _, _ in pages] == [p.stem for p in NOTEBOOKS]
+    for page, title, images in pages:
+        assert title != "untitled", page
+        html = (tmp_path / page).read_text()
+        shown = html.count("<img ")
+        assert shown >= images, f"{page}: {shown} <img> for {images} pictures"
+        assert build_site.LINK.search(html) is None, f"{page} links to a notebook, not a page"
+    assert (tmp_path / "index.html").exists()
