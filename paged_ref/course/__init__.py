@@ -33,14 +33,31 @@ def _ensure_root_on_path() -> None:
 
 
 def load(name: str, impl: str | None = None):
-    """Import (or re-import, so your latest edits count) ``exercises.<name>``."""
+    """Import (or re-import, so your latest edits count) ``exercises.<name>``.
+
+    In a notebook it also shows a link to the file: click it to open it in JupyterLab's editor.
+    """
     impl = impl or current_impl()
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     _refuse_other_checkout()
     _ensure_root_on_path()
     module = importlib.import_module(f"{impl}.{name}")
-    return importlib.reload(module)
+    module = importlib.reload(module)
+    _show_link(Path(module.__file__))
+    return module
+
+
+def _show_link(path: Path) -> None:
+    """A Markdown link to ``path``, relative to the notebook, when running in a notebook."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return
+    from IPython.display import Markdown, display
+
+    relative = Path(os.path.relpath(path, Path.cwd())).as_posix()
+    display(Markdown(f"Your file: [{path.parent.name}/{path.name}]({relative}) "
+                     "(click to open it next to this notebook)"))
 
 
 def _test_file(name: str) -> Path:
