@@ -5,7 +5,8 @@ TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lab test test-exercises exercises lint bench clean
+.PHONY: install kernel lab test test-exercises test-browser exercises outputs site preflight \
+	lint bench clean
 
 install: $(STAMP)
 
@@ -14,33 +15,59 @@ $(STAMP): pyproject.toml tools/install_torch.sh
 	$(PY) -m pip install -q --upgrade pip
 	bash tools/install_torch.sh $(PY) $(TORCH_VERSION)
 	$(PY) -m pip install -q -e ".[lab,dev]"
-	$(PY) -m ipykernel install --user --name paged-ref --display-name "Python (paged-ref)" >/dev/null
+	$(PY) tools/jupyter_kernel.py install
 	touch $(STAMP)
 
-## Open JupyterLab on the lessons (as root, e.g. in a container, with --allow-root).
-LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
-lab: install
-	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/00_setup.ipynb
+## This checkout's own Jupyter kernel, for VS Code or another Jupyter (make lab needs none).
+kernel: install
+	$(PY) tools/jupyter_kernel.py install
 
-## The whole suite, CPU only: paged_ref, solutions, exercise pipeline, every notebook.
+## JupyterLab rooted at this folder, opening lesson 00. Extra options go in LAB_ARGS, e.g.
+##   make lab LAB_ARGS="--ip=0.0.0.0 --port=8888 --no-browser"   (container, remote machine)
+LAB_ARGS ?=
+AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+lab: install
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(AS_ROOT) $(LAB_ARGS) \
+		notebooks/00_setup.ipynb
+
+## The whole suite, CPU only: paged_ref, solutions, exercise pipeline, every notebook, the
+## committed outputs. Lints the code we own; your edits in exercises/ are not linted.
 test: install
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --extend-exclude exercises .
 	PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
 
 ## Your exercises: make test-exercises EX=ex02
 test-exercises: install
 	$(PY) -m pytest tests/exercises --impl exercises $(if $(EX),-k $(EX),)
 
-## Regenerate exercises/ from solutions/.
+## Notebook 02 in headless Chromium inside a real JupyterLab (needs chromium: see README).
+test-browser: install
+	$(PY) -m pip install -q "playwright>=1.45"
+	PAGED_REF_BROWSER=1 $(PY) -m pytest tests/browser -p no:xdist -o addopts= -v
+
+## Regenerate exercises/ from solutions/ (edited files are first copied to backups/).
 exercises: install
 	$(PY) tools/make_exercises.py
 
+## Execute every notebook on this CPU against the solutions and commit-ready outputs
+## (and notebooks/timings.json). One notebook: make outputs NB=notebooks/02_block_allocator.ipynb
+outputs: install
+	$(PY) tools/execute_notebooks.py $(NB)
+
+## A static site of the executed notebooks in site/ (no execution; run make outputs first).
+site: install
+	$(PY) tools/build_site.py
+
+## Is this machine ready for the workshop? (ready / not ready, and why)
+preflight:
+	@if [ -x $(PY) ]; then $(PY) tools/preflight.py; else $(PYTHON) tools/preflight.py; fi
+
 lint: install
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --extend-exclude exercises .
 
 ## GPU only: python -m paged_ref.bench
 bench: install
 	$(PY) -m paged_ref.course.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

@@ -5,7 +5,7 @@ Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManage
 ``"triton"``, ``"triton_split"`` and ``"auto"``;
 :func:`paged_prefill` for many query tokens per sequence (prompts, chunks, prefix hits);
 :func:`write_kv` stores new tokens' K/V through the slot mapping.
-Layouts are in DESIGN.md and the docstrings.
+Layouts: docs/contract.md and the docstrings.
 """
 
 # Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.

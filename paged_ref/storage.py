@@ -1,6 +1,6 @@
 """Paged K/V storage: the tensors that the block tables point into.
 
-One K tensor and one V tensor per layer, each in the layout of DESIGN.md::
+One K tensor and one V tensor per layer, each in the layout of docs/contract.md::
 
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 

@@ -1,7 +1,7 @@
 """Bad inputs to ``paged_attention`` raise a clear exception that names the argument.
 
 ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape, device, layout or
-value (DESIGN.md). Each case starts from valid inputs and breaks exactly one thing.
+value (docs/contract.md). Each case starts from valid inputs and breaks exactly one thing.
 """
 
 from __future__ import annotations

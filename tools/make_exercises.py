@@ -1,23 +1,32 @@
 """Write exercises/ from solutions/: every ``# BEGIN SOLUTION`` … ``# END SOLUTION`` block
 becomes ``raise NotImplementedError("Exercise N.M: <function>")``.
 
-    python tools/make_exercises.py          # (re)write exercises/
+    python tools/make_exercises.py          # (re)write exercises/, backing up your edits
     python tools/make_exercises.py --check  # exit 1 if exercises/ is out of date
 
 N is the lesson number from the file name (``ex04_…`` → 4), M counts the blocks in the file;
 a marker may name its exercise instead (``# BEGIN SOLUTION 4.0a`` for warm-ups before 4.1).
-Edit solutions/, never exercises/ (tests/test_exercise_pipeline.py fails when they drift).
+Maintainers edit solutions/, never exercises/ (tests/test_exercise_pipeline.py fails when the
+committed exercises/ drift from solutions/).
+
+Learners edit exercises/: before (re)writing a file, this script copies any version of it that
+git could not give back (it differs from the new text and from the committed one) to
+``backups/exercises-<UTC time>/`` and says so. Your work is never lost.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
+BACKUPS = ROOT / "backups"
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 HEADER = (
     "# Your exercises for lesson {lesson}: replace each `raise NotImplementedError(...)`.\n"
@@ -83,6 +92,33 @@ def expected_exercises() -> dict[Path, str]:
     return result
 
 
+def committed_text(path: Path) -> str | None:
+    """The text of ``path`` in git's HEAD, or None (not committed, or no git)."""
+    try:
+        rel = path.relative_to(ROOT).as_posix()
+        done = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True,
+                              text=True, check=False)
+    except OSError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def files_to_back_up(expected: dict[Path, str]) -> list[Path]:
+    """Files that writing ``expected`` would change and that git cannot give back."""
+    return [path for path, text in expected.items()
+            if path.exists() and path.read_text() not in (text, committed_text(path))]
+
+
+def back_up(paths: list[Path]) -> Path:
+    """Copy ``paths`` into a new ``backups/exercises-<UTC time>/`` folder; return it."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    folder = BACKUPS / f"exercises-{stamp}"
+    folder.mkdir(parents=True, exist_ok=False)
+    for path in paths:
+        shutil.copy2(path, folder / path.name)
+    return folder
+
+
 def main(argv: list[str]) -> int:
     expected = expected_exercises()
     if "--check" in argv:
@@ -90,10 +126,16 @@ def main(argv: list[str]) -> int:
         for p in stale:
             print(f"out of date: {p.relative_to(ROOT)}")
         return 1 if stale else 0
+    edited = files_to_back_up(expected)
+    if edited:
+        folder = back_up(edited)
+        names = ", ".join(p.name for p in edited)
+        print(f"your edits to {names} are saved in {folder.relative_to(ROOT)}/")
     EXERCISES.mkdir(exist_ok=True)
     for path, text in expected.items():
-        path.write_text(text)
-        print(f"wrote {path.relative_to(ROOT)}")
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

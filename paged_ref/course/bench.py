@@ -3,10 +3,10 @@
 1. Measures the device-to-device copy bandwidth (bytes read + bytes written over time): the
    practical ceiling for a kernel that must read every cached K/V byte once.
 2. Runs each backend (and the peers that are installed: PyTorch SDPA on a contiguous cache,
-   FlashInfer's paged decode) on the standard cases of DESIGN.md, checks every output against a
-   float64 reference, times it with ``triton.testing.do_bench`` (median, L2 flushed before each
-   run; two passes after a GPU warm-up, the better median kept), and prints ms, GB/s, % of
-   copy bandwidth and relative error.
+   FlashInfer's paged decode) on the standard cases of docs/contract.md, checks every output
+   against a float64 reference, times it with ``triton.testing.do_bench`` (median, L2 flushed
+   before each run; two passes after a GPU warm-up, the better median kept), and prints ms,
+   GB/s, % of copy bandwidth and relative error.
 3. Writes JSON stamped with GPU, versions and date, and a bar plot of % of copy bandwidth.
 
 What is timed (``ms``): ``triton`` and ``triton_split`` are the kernel wrappers called directly

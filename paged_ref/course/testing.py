@@ -24,7 +24,7 @@ POISON_VALUES = ("large", "nan")
 
 
 class PagedInputs:
-    """One decode step's inputs in the layout of DESIGN.md.
+    """One decode step's inputs in the layout of docs/contract.md.
 
     q:            [batch, num_q_heads, head_dim]
     k_cache:      [num_blocks, block_size, num_kv_heads, head_dim]

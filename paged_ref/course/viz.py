@@ -596,9 +596,22 @@ class BlockTableExplorer:
         return self._widget
 
     def _ipython_display_(self):
+        """The live widget, plus the current picture as a PNG for viewers without a kernel.
+
+        JupyterLab shows the widget; GitHub, nbconvert and a notebook whose widget state was
+        not saved show the PNG (tools/execute_notebooks.py keeps only that part).
+        """
         from IPython.display import display
 
-        display(self.widget)
+        bundle = self.widget._repr_mimebundle_()
+        bundle["image/png"] = self._png()
+        bundle["text/plain"] = f"BlockTableExplorer: {self.message}"
+        display(bundle, raw=True)
+
+    def _png(self) -> bytes:
+        png = io.BytesIO()  # a PNG shows whatever matplotlib backend the kernel has
+        self.figure().savefig(png, format="png", dpi=80)
+        return png.getvalue()
 
     def _build_widget(self) -> None:
         import ipywidgets as w
@@ -647,11 +660,9 @@ class BlockTableExplorer:
             self._request.value = current if current in seqs else seqs[0]
         colour = "#b00020" if self.message.startswith(("OUT", "cannot")) else "#333333"
         self._status.value = f"<b style='color:{colour}'>{self.message}</b>"
-        png = io.BytesIO()  # a PNG shows whatever matplotlib backend the kernel has
-        self.figure().savefig(png, format="png", dpi=80)
         with self._out:
             self._out.clear_output(wait=True)
-            display(Image(data=png.getvalue()))
+            display(Image(data=self._png()))
 
 
 # ---- Which addresses a kernel read (lesson 04's warm-ups) ------------------------------------

@@ -1,0 +1,28 @@
+"""The explorer shows its live widget in JupyterLab and a PNG everywhere else (GitHub, nbconvert,
+a notebook saved without widget state): both are in the one output it displays."""
+
+from __future__ import annotations
+
+import pytest
+
+from paged_ref.course import viz
+
+
+def test_explorer_output_carries_the_widget_and_a_picture(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda obj, raw=False: shown.append((obj, raw)))
+    explorer = viz.BlockTableExplorer(num_blocks=8, block_size=4, prompts=(3, 5))
+    explorer._ipython_display_()
+    [bundle] = [obj for obj, raw in shown if raw]  # (the widget's own Output shows an Image)
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["image/png"].startswith(b"\x89PNG")
+    first = bundle["image/png"]
+    explorer.add_tokens(0, 2)
+    shown.clear()
+    explorer._ipython_display_()
+    [bundle] = [obj for obj, raw in shown if raw]
+    assert bundle["image/png"] != first, "the PNG shows the current state"
