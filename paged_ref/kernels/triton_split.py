@@ -254,7 +254,7 @@ class SplitScratch:
 
     part_out: torch.Tensor  # [batch, num_q_heads, num_chunks, head_dim] float32
     part_lse: torch.Tensor  # [batch, num_q_heads, num_chunks] float32
-    counters: torch.Tensor  # [batch, num_kv_heads] int32
+    counters: torch.Tensor  # [batch, num_kv_heads] int32 (fused merge only; else unused)
 
     @classmethod
     def allocate(cls, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -263,7 +263,9 @@ class SplitScratch:
         return cls(
             part_out=torch.empty(batch, num_q_heads, plan.num_chunks, head_dim, **f32),
             part_lse=torch.empty(batch, num_q_heads, plan.num_chunks, **f32),
-            counters=torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=device),
+            # zeros only where the fused merge counts (a memset is a launch); else a stand-in
+            counters=torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=device)
+            if plan.fused_merge else torch.empty(1, dtype=torch.int32, device=device),
         )
 
 
