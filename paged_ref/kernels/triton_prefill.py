@@ -49,16 +49,17 @@ class PrefillConfig:
 SHORT_CONFIG = PrefillConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
+def default_config(head_dim: int, dtype: torch.dtype, *,
+                   interpret: bool | None = None) -> PrefillConfig:
     """The launch shape used when none is given (tuned on an H200; small in the interpreter,
-    where a program's cost is its element count)."""
-    if _device.INTERPRET:
+    where a program's cost is its element count). ``interpret`` defaults to this machine's."""
+    if _device.INTERPRET if interpret is None else interpret:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     if head_dim > 128 or dtype == torch.float32:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
-    # H200, bf16, D 128, GQA 4: 256 x 64 tiles, 8 warps, 2 stages was the best or within 3 %
-    # of the best of ten shapes on every prefill case (benchmarks/h200/prefill.json).
-    return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=2)
+    # H200, bf16, D 128, GQA 4: 256 x 64 tiles, 8 warps, 3 pipeline stages was the best of
+    # eleven shapes on each of the four prefill cases (benchmarks/h200/prefill.json, sweep).
+    return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)
 
 
 @triton.jit
