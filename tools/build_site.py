@@ -6,7 +6,8 @@
 
 Each lesson becomes one HTML page (nbconvert's lab template) with its outputs as committed:
 pictures, tables and printed numbers from a CPU run (`make outputs`), and the GPU numbers the
-notebooks read from benchmarks/ (copied next to the pages, so links into it work). Links
+notebooks read from benchmarks/ (copied next to the pages with exercises/ and solutions/, so
+links into them work). Links
 between notebooks point to the HTML pages. Open ``site/index.html`` in a browser, or publish
 the folder as it is (GitHub Pages, any static host).
 """
@@ -52,8 +53,10 @@ def build(out: Path) -> list[tuple[str, str, int]]:
         page = f"notebooks/{path.stem}.html"
         (out / page).write_text(body)
         pages.append((page, title_of(nb), count_images(nb)))
-    if (ROOT / "benchmarks").is_dir():
-        shutil.copytree(ROOT / "benchmarks", out / "benchmarks", dirs_exist_ok=True)
+    for folder in ("benchmarks", "exercises", "solutions"):  # what the pages link to
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, out / folder, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
     rows = "\n".join(
         f'<li><a href="{page}">{html.escape(title)}</a> ({n} pictures)</li>'
         for page, title, n in pages)

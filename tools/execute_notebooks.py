@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 TIMINGS = NOTEBOOKS / "timings.json"
+WORKSHOP = ROOT / "workshop" / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- BEGIN TIMINGS", "<!-- END TIMINGS -->"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = "(an interactive widget: run the notebook in JupyterLab to use it)"
@@ -171,6 +173,25 @@ def record_timings(seconds: dict[str, tuple[float, float | None]], jobs: int) ->
         "notebooks": dict(sorted(notebooks.items())),
     }
     TIMINGS.write_text(json.dumps(data, indent=1) + "\n")
+    write_workshop_table(data)
+
+
+def write_workshop_table(data: dict, path: Path = WORKSHOP) -> None:
+    """Rewrite the run-time table between the TIMINGS markers of workshop/README.md."""
+    if not path.exists():
+        return
+    text = path.read_text()
+    begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
+    if begin < 0 or end < begin:
+        return
+    m = data["machine"]
+    rows = ["", f"Measured on {m['cpu']}, {m['cores']} cores, Python {m['python']}.", "",
+            "| lesson | Run All on the CPU | measured | load average then |", "|---|---|---|---|"]
+    for name, t in data["notebooks"].items():
+        rows.append(f"| {Path(name).stem} | {t['seconds']:.0f} s | {t['date']} | "
+                    f"{t.get('load_average', '?')} |")
+    head = text[:begin] + text[begin:].split("\n", 1)[0] + "\n"
+    path.write_text(head + "\n".join(rows) + "\n\n" + text[end:])
 
 
 def main(argv: list[str] | None = None) -> int:

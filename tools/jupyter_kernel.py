@@ -29,10 +29,26 @@ def display_name(root: Path = ROOT) -> str:
     return f"Python (paged-ref: {root.resolve()})"
 
 
-def install() -> str:
-    """Register this interpreter as this checkout's kernel (per user); return its folder."""
-    from ipykernel.kernelspec import install as install_kernelspec
+LEGACY_NAME = "paged-ref"  # one kernel for every checkout, as older versions registered it
 
+
+def install() -> str:
+    """Register this interpreter as this checkout's kernel (per user); return its folder.
+
+    Also removes the old shared ``paged-ref`` kernel when it runs this checkout's Python (it
+    was registered from here, and would be repointed by the next checkout's install).
+    """
+    from ipykernel.kernelspec import install as install_kernelspec
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    manager = KernelSpecManager()
+    try:
+        legacy = manager.get_kernel_spec(LEGACY_NAME)
+        if Path(legacy.argv[0]).resolve() == Path(sys.executable).resolve():
+            manager.remove_kernel_spec(LEGACY_NAME)
+            print(f"removed the old shared kernel {LEGACY_NAME!r}")
+    except (NoSuchKernel, OSError, IndexError):
+        pass
     return install_kernelspec(user=True, kernel_name=kernel_name(), display_name=display_name())
 
 

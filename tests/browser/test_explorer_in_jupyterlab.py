@@ -2,8 +2,9 @@
 
 Starts JupyterLab (127.0.0.1, a free port, a random token) on a copy of notebook 02, opens it in
 headless Chromium through Playwright, runs all cells, then clicks each button of the
-block-table explorer and checks that its picture changes (the PNG data differs), that no cell
-raised, and that the browser console logged no error.
+block-table explorer and checks that its picture changes (the PNG data differs), that the browser
+console logged no error, and (saving the notebook from JupyterLab) that every cell ran and none
+raised.
 
 Needs Debian's `chromium` (/usr/bin/chromium, or PAGED_REF_CHROMIUM) and `pip install playwright`
 (its own browser download is not used). Runs only with PAGED_REF_BROWSER=1: `make test-browser`,
@@ -12,6 +13,7 @@ which .ci/run calls after `make test`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -118,21 +120,47 @@ def test_notebook_02_runs_and_the_explorer_buttons_change_the_picture(lab):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (see README)")
     url, token, workdir = lab
-    errors: list[str] = []
+    artifacts = Path(os.environ.get("PAGED_REF_BROWSER_ARTIFACTS", workdir))
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            drive_notebook(page, url, token, errors)
-        except BaseException:
-            shot = Path(os.environ.get("PAGED_REF_BROWSER_ARTIFACTS", workdir)) / "failure.png"
-            page.screenshot(path=str(shot), full_page=True)
-            log = (workdir / "lab.log").read_text()[-3000:]
-            print(f"screenshot: {shot}\nconsole errors: {errors}\nJupyterLab log:\n{log}")
-            raise
+            for attempt in (1, 2):  # one retry, in a fresh page, if the UI was too slow
+                errors: list[str] = []
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                try:
+                    drive_notebook(page, url, token, errors)
+                    save_notebook(page)
+                    break
+                except playwright.TimeoutError:
+                    shot = artifacts / f"failure-{attempt}.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    log = (workdir / "lab.log").read_text()[-3000:]
+                    print(f"attempt {attempt} timed out; screenshot: {shot}\n"
+                          f"console errors: {errors}\nJupyterLab log:\n{log}")
+                    if attempt == 2:
+                        raise
+                finally:
+                    page.close()
         finally:
             browser.close()
     assert not errors, f"browser console errors: {errors}"
+    saved = json.loads((workdir / NOTEBOOK.name).read_text())
+    code = [c for c in saved["cells"] if c["cell_type"] == "code"]
+    assert all(c["execution_count"] for c in code), "a code cell did not run"
+    raised = [o.get("ename") for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert not raised, f"cells raised {raised}"
+
+
+def save_notebook(page, timeout_s: float = 30) -> None:
+    """File > Save Notebook, and wait until the tab no longer shows unsaved changes."""
+    page.get_by_role("menuitem", name="File", exact=True).click()
+    page.get_by_role("menuitem", name=re.compile(r"^Save Notebook")).first.click()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count() == 0:
+            return
+        time.sleep(0.3)
+    pytest.fail("the notebook was not saved")
 
 
 def drive_notebook(page, url: str, token: str, errors: list[str]) -> None:
@@ -152,9 +180,6 @@ def drive_notebook(page, url: str, token: str, errors: list[str]) -> None:
     image = explorer_image(page)
     image.wait_for(timeout=120_000)
     wait_for_every_cell_run(page)
-    failed = page.locator(".jp-OutputArea-output[data-mime-type="
-                          "'application/vnd.jupyter.stderr'] >> text=Traceback")
-    assert failed.count() == 0, failed.first.inner_text()
     assert page.get_by_text("FAILED").count() == 0, "a check cell failed"
 
     for label in BUTTONS:

@@ -135,3 +135,12 @@ def test_site_shows_every_picture(tmp_path):
         assert shown >= images, f"{page}: {shown} <img> for {images} pictures"
         assert build_site.LINK.search(html) is None, f"{page} links to a notebook, not a page"
     assert (tmp_path / "index.html").exists()
+
+
+def test_workshop_table_matches_timings(tmp_path):
+    """workshop/README.md's run-time table is the one notebooks/timings.json gives."""
+    readme = ROOT / "workshop" / "README.md"
+    copy = tmp_path / "README.md"
+    copy.write_text(readme.read_text())
+    tool.write_workshop_table(json.loads(tool.TIMINGS.read_text()), copy)
+    assert copy.read_text() == readme.read_text(), "run `make outputs` (it rewrites the table)"
