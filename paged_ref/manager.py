@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError, check_int
-from paged_ref.cache_math import blocks_needed, token_slots
+from paged_ref.cache_math import blocks_needed, token_slot, token_slots
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class KVCacheManager:
         if pos % self.block_size == 0:
             table.append(self._allocator.allocate())  # raises before anything changes
         self._lens[seq_id] = pos + 1
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        return token_slot(table, pos, self.block_size)
 
     def append_slots(self, seq_ids: Iterable[Hashable]) -> list[int]:
         """One decode step: :meth:`append_slot` for each of ``seq_ids``, all or nothing.

@@ -8,13 +8,16 @@ Three functions, from most to least obviously correct:
   (what you would write with no paging), for comparison.
 * :func:`paged_attention_torch` — the ``backend="torch"`` implementation: gather the cached
   K/V into contiguous tensors (a full copy of every cached token), then attend.
+
+And :func:`split_partials_reference`: the per-chunk partial outputs and log-sum-exps that a
+split-KV kernel's first stage computes, in float64 (lesson 05).
 """
 
 from __future__ import annotations
 
 import torch
 
-from paged_ref.cache_math import default_scale, token_slots  # noqa: F401  (re-exported)
+from paged_ref.cache_math import cdiv, default_scale, slot_of, token_slots  # noqa: F401 (re-export)
 
 
 def paged_attention_reference(
@@ -72,7 +75,7 @@ def gather_kv(
     valid = pos[None, :] < seq_lens[:, None].long()  # [B, max_len]
     block = block_tables.long()[:, pos // block_size]  # [B, max_len] physical block per token
     block = torch.where(valid, block, 0)  # never follow an unused entry
-    slots = block * block_size + pos % block_size
+    slots = slot_of(block, pos, block_size)  # [B, max_len], cache_math's formula on tensors
     k = k_cache.flatten(0, 1)[slots]  # [B, max_len, Hkv, D]
     v = v_cache.flatten(0, 1)[slots]
     return k, v, valid
@@ -128,3 +131,38 @@ def paged_attention_torch(
         max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_len)
     return contiguous_attention(q, k, v, valid, scale=scale)
+
+
+def split_partials_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    chunk_size: int,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 partial results of every chunk of ``chunk_size`` tokens (natural-log lse).
+
+    Returns outs [C, B, Hq, D] (softmax-weighted values of the chunk's tokens; NaN for an empty
+    chunk) and lses [C, B, Hq] (log-sum-exp of the chunk's scores; -inf if empty), with
+    ``C = max(1, ceil(max_len / chunk_size))``. Merging them with weights
+    ``softmax(lses, dim=0)`` gives the attention output.
+    """
+    max_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    num_chunks = max(1, cdiv(max_len, chunk_size))
+    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_len)
+    batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k.shape[2]
+    k = k.double().repeat_interleave(group, dim=2)  # [B, L, Hq, D]
+    v = torch.where(valid[:, :, None, None], v.double(), 0.0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,blhd->bhl", q.double(), k) * default_scale(head_dim, scale)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    outs, lses = [], []
+    for c in range(num_chunks):
+        span = slice(c * chunk_size, (c + 1) * chunk_size)
+        lses.append(torch.logsumexp(scores[:, :, span], -1))  # -inf if empty
+        outs.append(torch.einsum("bhl,blhd->bhd", torch.softmax(scores[:, :, span], -1),
+                                 v[:, span]))  # NaN if empty
+    return torch.stack(outs), torch.stack(lses)

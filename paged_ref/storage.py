@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from paged_ref.allocator import check_int
-from paged_ref.cache_math import blocks_needed, token_slots
+from paged_ref.cache_math import blocks_needed, kv_bytes_per_token, token_slots
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -76,8 +76,9 @@ class PagedKVCache:
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers, K and V:
         ``2 * num_layers * num_kv_heads * head_dim * element_size``."""
-        element = self.k_caches[0].element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return kv_bytes_per_token(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
+                                  head_dim=self.head_dim,
+                                  dtype=self.k_caches[0].element_size())
 
     @property
     def nbytes(self) -> int:

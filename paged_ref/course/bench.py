@@ -26,15 +26,22 @@ import argparse
 import datetime as dt
 import itertools
 import json
-import math
 import platform
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from paged_ref.cache_math import cdiv, kv_bytes_per_token, split_chunks, tokens_in_block
 from paged_ref.course.testing import PagedInputs, make_paged_inputs, ragged_lengths
+from paged_ref.course.timing import (
+    copy_bandwidth_gbps,
+    cpu_us_per_call,
+    gbps,
+    graph_ms,
+    time_ms,
+    warm_up_gpu,
+)
 from paged_ref.reference import paged_attention_torch
 
 #: name -> sequence lengths. All: 32 query heads, 8 KV heads, head_dim 128, bf16, block 16.
@@ -56,60 +63,6 @@ def bytes_moved(inp: PagedInputs) -> int:
     q_and_out = 2 * inp.q.numel() * inp.q.element_size()
     tables = inp.block_tables.numel() * 4 + inp.seq_lens.numel() * 4
     return inp.kv_bytes + q_and_out + tables
-
-
-def time_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of ``fn`` (triton's do_bench: warm-up, L2 flush, CUDA events)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def graph_ms(fn: Callable[[], object]) -> float | None:
-    """Median milliseconds per call replaying a CUDA graph of ``fn`` (no launch overhead; the
-    L2 is not flushed). ``None`` when ``fn`` cannot be captured (it reads values back)."""
-    import triton.testing
-
-    try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    except Exception:
-        torch.cuda.synchronize()
-        return None
-
-
-def cpu_us_per_call(fn: Callable[[], object], calls: int = 200) -> float:
-    """Host microseconds per call of ``fn`` (the Python launch path), GPU work not awaited."""
-    import time
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
-def warm_up_gpu(seconds: float = 0.3) -> None:
-    """Keep the GPU busy for a moment (large copies) so its clocks are up before timing."""
-    import time
-
-    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(10):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-
-
-def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
-    """Device-to-device copy of ``num_bytes``: (read + written) bytes / median time, in GB/s."""
-    src = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    warm_up_gpu()
-    ms = time_ms(lambda: dst.copy_(src))
-    return 2 * num_bytes / (ms * 1e-3) / 1e9
 
 
 # --------------------------------------------------------------------------- backends
@@ -141,13 +94,14 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
                 "triton_split", {**info, "num_chunks": plan.num_chunks,
                                  "chunk_size": plan.chunk_size},
                 lambda c=cfg: paged_attention_split(*args, plan=plan, config=c, out=out))
-    for n in chunk_counts:
-        chunk = math.ceil(max_len / n / 64) * 64
-        sweep_plan = SplitPlan(chunk_size=chunk, num_chunks=math.ceil(max_len / chunk))
-        runners[f"triton_split[chunks={sweep_plan.num_chunks}]"] = (
-            "triton_split", {"num_chunks": sweep_plan.num_chunks, "chunk_size": chunk,
-                             "sweep": "chunks"},
-            lambda p=sweep_plan: paged_attention_split(*args, plan=p, out=out))
+    for n, cfg in itertools.product(chunk_counts, configs or [KernelConfig()]):
+        sweep_plan = SplitPlan(*split_chunks(max_len, n, cfg.tile))
+        suffix = f",t{cfg.tile},w{cfg.num_warps},s{cfg.num_stages}" if configs else ""
+        runners[f"triton_split[chunks={sweep_plan.num_chunks}{suffix}]"] = (
+            "triton_split", {"num_chunks": sweep_plan.num_chunks,
+                             "chunk_size": sweep_plan.chunk_size, "sweep": "chunks",
+                             **({"config": vars(cfg).copy()} if configs else {})},
+            lambda p=sweep_plan, c=cfg: paged_attention_split(*args, plan=p, config=c, out=out))
     if "auto" in backends:
         picked = choose_backend(inp.q, inp.k_cache, lengths)
         runners["auto"] = ("auto", {"picked": picked, "includes_checks": True},
@@ -181,13 +135,14 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
         return {}
     batch, num_q_heads, head_dim = inp.q.shape
     _, block_size, num_kv_heads, _ = inp.k_cache.shape
-    lens = inp.seq_lens.long()
-    pages = (lens + block_size - 1) // block_size
+    lens = inp.seq_lens.tolist()
+    pages = cdiv(inp.seq_lens.long(), block_size)
     indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
     indptr[1:] = torch.cumsum(pages, 0)
     cols = torch.arange(inp.block_tables.shape[1], device="cuda")
     indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
-    last = (lens - (pages - 1) * block_size).to(torch.int32)
+    last = torch.tensor([tokens_in_block(n, cdiv(n, block_size) - 1, block_size) for n in lens],
+                        dtype=torch.int32, device="cuda")  # tokens in each last page
     runners = {}
     for tc in (False, True):
         workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -255,12 +210,12 @@ def run_case(name, lens, backends, configs, chunk_counts, copy_bw, seed=0):
     for label, err in checked.items():
         backend, info, fn = runners[label]
         ms = min(p[label] for p in passes)
-        gbps = nbytes / (ms * 1e-3) / 1e9
+        rate = gbps(nbytes, ms)
         extra = {"ms_passes": [p[label] for p in passes]}
         if not info.get("sweep"):
             extra |= {"ms_graph": graph_ms(fn), "cpu_us": cpu_us_per_call(fn)}
-        rows.append({"case": name, "backend": backend, "label": label, "ms": ms, "gbps": gbps,
-                     "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err, "bytes": nbytes,
+        rows.append({"case": name, "backend": backend, "label": label, "ms": ms, "gbps": rate,
+                     "pct_copy_bw": 100 * rate / copy_bw, "rel_err": err, "bytes": nbytes,
                      **extra, **info})
     del inp, ref, runners
     torch.cuda.empty_cache()
@@ -297,33 +252,12 @@ def print_table(rows: list[dict]) -> None:
 
 def plot(result: dict, path: Path) -> None:
     """Grouped bars: % of copy bandwidth per case, one bar per backend (best label of each)."""
-    import matplotlib
+    from paged_ref.course.results import draw_pct_copy_bw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result["results"] if r.get("best")]
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    width = 0.8 / max(len(backends), 1)
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    for i, backend in enumerate(backends):
-        xs, ys = [], []
-        for j, case in enumerate(cases):
-            match = [r for r in rows if r["case"] == case and r["backend"] == backend]
-            if match:
-                xs.append(j + (i - (len(backends) - 1) / 2) * width)
-                ys.append(match[0]["pct_copy_bw"])
-        ax.bar(xs, ys, width, label=backend)
-    ax.axhline(100, color="k", lw=0.8, ls="--")
-    ax.set_xticks(range(len(cases)), cases)
-    ax.set_ylabel("% of measured copy bandwidth")
-    ax.set_title(f"Paged decode, bf16, 32 q / 8 kv heads, d=128, block 16 — {result['gpu']}, "
-                 f"copy {result['copy_bw_gbps']:.0f} GB/s, {result['date']}", fontsize=9)
-    ax.legend(fontsize=8, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    backends = list(dict.fromkeys(r["backend"] for r in result["results"] if r.get("best")))
+    title = (f"Paged decode, bf16, 32 q / 8 kv heads, d=128, block 16 — {result['gpu']}, "
+             f"copy {result['copy_bw_gbps']:.0f} GB/s, {result['date']}")
+    draw_pct_copy_bw(result, backends, title=title).savefig(path, dpi=120)
 
 
 def parse_args(argv):
@@ -353,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         print("No CUDA GPU here, so no bandwidth numbers: timings on a CPU or in Triton's "
               "interpreter say nothing about how a kernel uses GPU memory bandwidth.\n"
               "Committed GPU results are in benchmarks/. The cases and the bytes each moves:")
-        per_token = 2 * SHAPE["num_kv_heads"] * SHAPE["head_dim"] * 2
+        per_token = kv_bytes_per_token(num_layers=1, num_kv_heads=SHAPE["num_kv_heads"],
+                                       head_dim=SHAPE["head_dim"], dtype=SHAPE["dtype"])
         for name in cases:
             lens = CASES[name]
             print(f"  {name:12s} {len(lens):4d} sequences, {sum(lens):8d} tokens, "

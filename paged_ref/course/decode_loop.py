@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from paged_ref.attention import paged_attention
-from paged_ref.manager import KVCacheManager, blocks_needed
+from paged_ref.cache_math import blocks_needed, default_scale
+from paged_ref.manager import KVCacheManager
 from paged_ref.storage import PagedKVCache
 
 
@@ -238,7 +239,7 @@ def dense_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     group = num_q_heads // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)  # [L, Hq, D]
     vf = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("hd,lhd->hl", q.float(), kf) * head_dim**-0.5
+    scores = torch.einsum("hd,lhd->hl", q.float(), kf) * default_scale(head_dim)
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), vf).to(q.dtype)
 
 

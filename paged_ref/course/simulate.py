@@ -1,7 +1,7 @@
 """How much KV-cache memory holds real tokens? A small serving simulation for lesson 01.
 
 Units: lengths in **tokens**, memory in **bytes** (or in token *slots*: one slot holds the keys
-and values of one token in every layer, ``kv_bytes_per_token`` bytes).
+and values of one token in every layer, :func:`model_bytes_per_token` bytes).
 
 Four ways to reserve KV memory for a request with a prompt of ``p`` tokens that will generate
 ``o`` tokens (final length ``L = p + o``), as in the PagedAttention paper (Kwon et al., SOSP
@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from paged_ref.cache_math import cdiv, kv_bytes_per_token
+
 STRATEGIES = ("max", "pow2", "oracle", "paged")
 
 #: Share of KV-cache memory holding token states, PagedAttention paper (Kwon et al. 2023),
@@ -76,25 +78,18 @@ MODELS = {
 }
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
-                       dtype_bytes: int = 2) -> int:
-    """Bytes of KV cache one token occupies: ``2 (K and V) x layers x KV heads x head_dim x bytes``.
-
-    ``dtype_bytes`` is 2 for float16/bfloat16, 1 for FP8/INT8, 4 for float32.
-    Llama-3-8B in bf16: ``2 * 32 * 8 * 128 * 2 = 131072`` bytes (128 KiB) per token.
-    """
-    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                        ("head_dim", head_dim), ("dtype_bytes", dtype_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+def model_bytes_per_token(model: ModelShape, dtype="bfloat16") -> int:
+    """KV bytes of one token of ``model`` (:func:`paged_ref.cache_math.kv_bytes_per_token`);
+    ``dtype`` a name (``"bfloat16"``) or bytes per value (1 for FP8/INT8)."""
+    return kv_bytes_per_token(num_layers=model.num_layers, num_kv_heads=model.num_kv_heads,
+                              head_dim=model.head_dim, dtype=dtype)
 
 
-def model_table(dtype_bytes: int = 2, seq_len: int = 4096) -> list[dict]:
+def model_table(dtype="bfloat16", seq_len: int = 4096) -> list[dict]:
     """One row per model in :data:`MODELS`: KV bytes per token and per ``seq_len``-token request."""
     rows = []
     for m in MODELS.values():
-        per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, dtype_bytes)
+        per_token = model_bytes_per_token(m, dtype)
         rows.append({
             "model": m.name,
             "layers": m.num_layers,
@@ -218,7 +213,7 @@ def simulate(strategy: str, requests: Requests, capacity_slots: int, block_size:
 
     def units_for(i: int, length: int) -> int:
         if paged:
-            return -(-length // B)
+            return cdiv(length, B)
         return reserved_slots(strategy, prompt[i], final[i] - prompt[i], max_len)
 
     queue = deque((i, prompt[i]) for i in range(len(prompt)))  # (request, tokens to (re)load)

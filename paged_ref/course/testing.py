@@ -7,11 +7,11 @@ and in the unused slots of the cache (random large values, or NaN), never ``aran
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from paged_ref.cache_math import blocks_needed, kv_bytes_per_token, tokens_in_block
 from paged_ref.reference import paged_attention_reference
 
 #: Values written into cache slots that no sequence owns: a kernel that reads them gives
@@ -47,7 +47,9 @@ class PagedInputs:
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V that a decode step must read: every cached token, both caches."""
-        per_token = 2 * self.k_cache.shape[2] * self.k_cache.shape[3] * self.k_cache.element_size()
+        _, _, num_kv_heads, head_dim = self.k_cache.shape
+        per_token = kv_bytes_per_token(num_layers=1, num_kv_heads=num_kv_heads,
+                                       head_dim=head_dim, dtype=self.k_cache.element_size())
         return int(self.seq_lens.sum().item()) * per_token
 
 
@@ -78,7 +80,7 @@ def make_paged_inputs(
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)  # draw on the target device
     lens = [int(n) for n in seq_lens]
-    blocks_per_seq = [math.ceil(n / block_size) for n in lens]
+    blocks_per_seq = [blocks_needed(n, block_size) for n in lens]
     num_blocks = sum(blocks_per_seq) + spare_blocks
     width = max(blocks_per_seq, default=0) + spare_columns
     batch = len(lens)
@@ -104,7 +106,7 @@ def make_paged_inputs(
         table[b, :nb] = ids
         if nb:
             owned[ids[:-1]] = True  # full blocks
-            owned[ids[-1], : n - (nb - 1) * block_size] = True  # the last, maybe partly filled
+            owned[ids[-1], : tokens_in_block(n, nb - 1, block_size)] = True  # last, maybe partial
 
     fill = float("nan") if poison == "nan" else 1e3
     poison_k = torch.rand(shape, generator=gen, device=device) * fill
@@ -129,3 +131,39 @@ def ragged_lengths(batch: int, low: int, high: int, seed: int = 0) -> list[int]:
     """``batch`` lengths drawn uniformly from ``[low, high]`` with a fixed seed."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(low, high + 1, (batch,), generator=gen).tolist()
+
+
+def stack_padded(seqs: list[torch.Tensor], length: int, fill: float = float("nan")) -> torch.Tensor:
+    """Per-request ``[len_b, ...]`` tensors stacked into ``[batch, length, ...]``; positions past
+    a request's end hold ``fill`` (NaN by default: a kernel that reads them shows it)."""
+    out = torch.full((len(seqs), length, *seqs[0].shape[1:]), fill, dtype=seqs[0].dtype)
+    for b, s in enumerate(seqs):
+        out[b, : len(s)] = s
+    return out
+
+
+def interleaved_cache(lens: list[int], *, block_size: int, num_q_heads: int, num_kv_heads: int,
+                      head_dim: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A manager and a one-layer cache in which the requests grew one token at a time, in
+    turns, so their blocks interleave (as in a server), filled with fresh random K/V.
+
+    Returns ``(manager, cache, q, ks, vs)``: :class:`paged_ref.KVCacheManager`,
+    :class:`paged_ref.PagedKVCache`, ``q [batch, num_q_heads, head_dim]`` and the K and V
+    written for each request (``[len_b, num_kv_heads, head_dim]`` each), all in ``dtype``.
+    """
+    from paged_ref.manager import KVCacheManager
+    from paged_ref.storage import PagedKVCache
+
+    gen = torch.Generator().manual_seed(seed)
+    manager = KVCacheManager(sum(blocks_needed(n, block_size) for n in lens) + 2, block_size)
+    for s in range(len(lens)):
+        manager.add_sequence(s, 0)
+    for t in range(max(lens, default=0)):
+        manager.append_slots([s for s, n in enumerate(lens) if t < n])
+    cache = PagedKVCache(1, manager.num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    ks = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in lens]
+    vs = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in lens]
+    for s in range(len(lens)):
+        cache.write(0, ks[s], vs[s], manager.slot_mapping(s))
+    q = torch.randn(len(lens), num_q_heads, head_dim, generator=gen).to(dtype)
+    return manager, cache, q, ks, vs

@@ -7,6 +7,9 @@ the same image appears on GitHub, in nbconvert HTML and in CI:
     draw_block_tables(manager)                          # requests -> blocks, the block pool
     draw_contiguous_vs_paged([7, 3, 12], max_len=16, block_size=4)
     draw_token_lookup([5, 2, 7], seq_len=11, block_size=4, token=9)
+    draw_masked_programs(20, 8)                         # lesson 00: a 1-D launch and its mask
+    draw_program_walk(inputs, b=1, h=0, tile=8)         # lesson 04: one program's walk
+    draw_sm_occupancy(ax, programs=8, num_sms=132, programs_per_sm=4, title="one pass")
 
 :class:`BlockTableExplorer` wraps a :class:`paged_ref.KVCacheManager` in ipywidgets buttons;
 its actions are plain methods (``start``, ``add_token``, ``add_tokens``, ``step``, ``finish``,
@@ -24,12 +27,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, FancyArrowPatch, Rectangle
 
 from paged_ref.allocator import OutOfBlocksError
-from paged_ref.manager import KVCacheManager, blocks_needed
+from paged_ref.cache_math import blocks_needed, cdiv, token_slot, tokens_in_block
+from paged_ref.manager import KVCacheManager
 
 #: Colours for requests (tab10 without its grey, which marks free blocks).
 PALETTE = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]
 FREE_COLOR = "#d9d9d9"
 EMPTY_COLOR = "#ffffff"
+#: Width of the explorer's number boxes (label + 5 digits + the spinner arrows).
+NUMBER_BOX_WIDTH = "190px"
 
 
 def seq_color(seq_id: Hashable):
@@ -88,12 +94,12 @@ def draw_block_tables(manager: KVCacheManager, *, title: str | None = None,
     for s in seqs:
         for j, b in enumerate(tables[s]):
             owner[b] = s
-            filled[b] = min(bs, max(0, lens[s] - j * bs))
+            filled[b] = tokens_in_block(lens[s], j, bs)
     if arrows is None:
         arrows = st.blocks_used <= 24
 
     max_logical = max([len(t) for t in tables.values()] + [3])
-    pool_rows = -(-nb // pool_columns)
+    pool_rows = cdiv(nb, pool_columns)
     rows = max(len(seqs), pool_rows, 1)
     pitch = 1.3  # vertical distance between rows, in data units
     height = max(2.6, 0.62 * rows + 1.6)
@@ -185,7 +191,7 @@ def draw_contiguous_vs_paged(seq_lens: Sequence[int], max_len: int, block_size: 
         ax_c.add_patch(Rectangle((0, -i), s, 0.7, facecolor=color, edgecolor=color))
         ax_c.text(max_len * 1.015, -i + 0.35, f"{s}/{max_len}", va="center", fontsize=8)
         for j in range(blocks[i]):
-            fill = min(block_size, s - j * block_size)
+            fill = tokens_in_block(s, j, block_size)
             _draw_block(ax_p, j * block_size, -i, block_size * 0.94, 0.7, fill, block_size,
                         color, gid=f"paged:{i}:{j}", edge="black" if fine else "#666666",
                         cells=fine, linewidth=1.6 if fine else 0.3)
@@ -230,7 +236,7 @@ def draw_token_lookup(block_table: Sequence[int], seq_len: int, block_size: int,
         raise ValueError(f"seq_len={seq_len} needs {used} table entries, got {len(block_table)}")
     j, off = divmod(token, block_size)
     phys = block_table[j]
-    slot = phys * block_size + off
+    slot = token_slot(block_table, token, block_size)
     nb = num_blocks if num_blocks is not None else max(block_table[:used]) + 1
     color, hi = seq_color(0), "#d62728"
 
@@ -259,8 +265,7 @@ def draw_token_lookup(block_table: Sequence[int], seq_len: int, block_size: int,
                 color="white" if lb == j else "black")
     ax.text(-0.3, 1.1, "block_table", ha="right", va="center", fontsize=9)
     # Row 3: physical pool (y = -0.6), every slot drawn.
-    holds = {b: min(block_size, seq_len - k * block_size)  # tokens held by each used block
-             for k, b in enumerate(block_table[:used])}
+    holds = {b: tokens_in_block(seq_len, k, block_size) for k, b in enumerate(block_table[:used])}
     for b in range(nb):
         x0 = b * (block_size * cell * 0.5 + 0.3)
         for s in range(block_size):
@@ -286,6 +291,132 @@ def draw_token_lookup(block_table: Sequence[int], seq_len: int, block_size: int,
                  f"{token} % {block_size} = {off} → block_table[{j}] = {phys} → slot "
                  f"{phys}·{block_size} + {off} = {slot}", fontsize=10)
     return fig
+
+
+# ---- kernels: how programs cover the work --------------------------------------------------
+
+
+def draw_masked_programs(n: int, block: int) -> Figure:
+    """A 1-D Triton launch: ``cdiv(n, block)`` programs of ``block`` lanes over ``n`` elements,
+    the lanes past ``n`` hatched (masked off). Lesson 00's first kernel."""
+    programs = cdiv(n, block)
+    fig = Figure(figsize=(10, 1.6), layout="constrained")
+    ax = fig.subplots()
+    for i in range(programs * block):
+        pid, masked = i // block, i >= n
+        ax.add_patch(Rectangle((i, 0), 0.95, 1, facecolor="white" if masked else f"C{pid}",
+                               edgecolor=f"C{pid}" if masked else "white",
+                               hatch="//" if masked else None))
+    for pid in range(programs):
+        ax.text(pid * block + block / 2, 1.15, f"program {pid}", ha="center")
+    ax.set_xlim(-0.5, programs * block + 0.5)
+    ax.set_ylim(-0.2, 1.6)
+    ax.axis("off")
+    ax.set_title(f"n = {n}, BLOCK = {block}: {programs} programs; hatched = masked off "
+                 "(past the end)", fontsize=10)
+    return fig
+
+
+def draw_program_walk(inp, b: int, h: int, tile: int) -> Figure:
+    """Lesson 04's grid, and program ``(b, h)`` walking sequence ``b`` ``tile`` tokens a step.
+
+    ``inp`` is a :class:`paged_ref.course.testing.PagedInputs` (its shapes, tables and
+    lengths are read). Left: the grid ``(batch, num_kv_heads)``, program ``(b, h)`` marked.
+    Right, top to bottom: the tokens coloured by the loop step that reads them (hatched past
+    the end), the block table row (entries past the used blocks greyed: never followed), and
+    the physical blocks, each coloured by the step that reads it, with arrows from the table.
+    """
+    batch, block_size = inp.q.shape[0], inp.k_cache.shape[1]
+    num_kv, num_blocks = inp.k_cache.shape[2], inp.k_cache.shape[0]
+    group = inp.q.shape[1] // num_kv
+    lens = [int(n) for n in inp.seq_lens.tolist()]
+    n, table = lens[b], inp.block_tables[b].tolist()
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"]
+    fig = Figure(figsize=(12.5, 4.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 3.2])
+
+    for bb in range(batch):
+        for hh in range(num_kv):
+            me = (bb, hh) == (b, h)
+            ax1.add_patch(Rectangle((hh, batch - 1 - bb), 0.9, 0.85,
+                                    facecolor="#f4a259" if me else "#e8e8e8",
+                                    edgecolor="black" if me else "#999999"))
+            ax1.text(hh + 0.45, batch - 1 - bb + 0.42, f"b={bb}, h={hh}\n{lens[bb]} tok",
+                     ha="center", va="center", fontsize=9)
+    for hh in range(num_kv):
+        ax1.text(hh + 0.45, batch + 0.05,
+                 f"KV head {hh}\nq heads {hh * group}-{hh * group + group - 1}",
+                 ha="center", va="bottom", fontsize=8.5)
+    ax1.set(xlim=(-0.1, num_kv), ylim=(-0.2, batch + 0.8),
+            title=f"grid = (batch {batch}, KV heads {num_kv})")
+    ax1.set_axis_off()
+
+    steps = cdiv(n, tile)
+    width = steps * tile
+    y_tok, y_tab, y_pool = 3.0, 1.7, 0.0
+    for t in range(width):
+        real = t < n
+        ax2.add_patch(Rectangle((t, y_tok), 0.95, 0.6,
+                                facecolor=colors[t // tile] if real else "white",
+                                edgecolor=colors[t // tile], hatch=None if real else "///",
+                                alpha=0.85 if real else 1))
+        if t % block_size == 0 or t == width - 1:
+            ax2.text(t + 0.47, y_tok + 0.3, str(t), ha="center", va="center", fontsize=7)
+    for s in range(steps):
+        ax2.text(s * tile + tile / 2, y_tok + 0.75,
+                 f"loop step {s}: tokens {s * tile}-{s * tile + tile - 1}",
+                 ha="center", fontsize=8.5, color=colors[s])
+    used = blocks_needed(n, block_size)
+    for j, entry in enumerate(table):
+        x = j * block_size
+        if x >= width + block_size:
+            break
+        ok = j < used
+        ax2.add_patch(Rectangle((x, y_tab), block_size * 0.97, 0.6,
+                                facecolor="#fff6d5" if ok else "#eeeeee",
+                                edgecolor="#8a6d00" if ok else "#bbbbbb"))
+        label = str(entry) if ok or abs(entry) < 10**4 else "huge"
+        ax2.text(x + block_size / 2, y_tab + 0.3, label, ha="center", va="center", fontsize=8,
+                 color="black" if ok else "#999999")
+    ax2.text(-0.3, y_tab + 0.3, f"block_tables[{b}]", ha="right", va="center", fontsize=9)
+    ax2.text(-0.3, y_tok + 0.3, "tokens t", ha="right", va="center", fontsize=9)
+    pool_w = width / num_blocks
+    step_of = {table[j]: (j * block_size) // tile for j in range(used)}  # block -> loop step
+    for p in range(num_blocks):
+        step = step_of.get(p)
+        ax2.add_patch(Rectangle((p * pool_w, y_pool), pool_w * 0.94, 0.6,
+                                facecolor="#e8e8e8" if step is None else colors[step],
+                                edgecolor="#999999" if step is None else "black", alpha=0.85))
+        ax2.text(p * pool_w + pool_w * 0.47, y_pool - 0.25, str(p), ha="center", va="top",
+                 fontsize=7)
+    ax2.text(-0.3, y_pool + 0.3, "k_cache blocks", ha="right", va="center", fontsize=9)
+    for j in range(used):
+        start = (j * block_size + block_size / 2, y_tab)
+        end = (table[j] * pool_w + pool_w / 2, y_pool + 0.6)
+        ax2.add_artist(ConnectionPatch(start, end, "data", "data", arrowstyle="->",
+                                       color=colors[step_of[table[j]]], lw=1.3))
+    ax2.set(xlim=(-0.5, width + 0.5), ylim=(-0.8, y_tok + 1.2),
+            title=f"program (b={b}, h={h}): {n} tokens, blocks of {block_size}, tiles of {tile}")
+    ax2.set_axis_off()
+    return fig
+
+
+def draw_sm_occupancy(ax, programs: int, num_sms: int, programs_per_sm: int, title: str,
+                      cols: int = 12) -> None:
+    """One square per SM on ``ax``, shaded by how many of ``programs`` it runs at once
+    (round-robin placement, at most ``programs_per_sm`` each); lesson 05's picture."""
+    per_sm = [0] * num_sms
+    for p in range(min(programs, num_sms * programs_per_sm)):
+        per_sm[p % num_sms] += 1
+    rows = cdiv(num_sms, cols)
+    for i, n in enumerate(per_sm):
+        r, c = divmod(i, cols)
+        color = ((1.0, 1.0, 1.0) if n == 0
+                 else (0.15, 0.45, 0.8, 0.25 + 0.75 * n / programs_per_sm))
+        ax.add_patch(Rectangle((c, rows - 1 - r), 0.9, 0.9, facecolor=color, edgecolor="0.6"))
+    busy = sum(n > 0 for n in per_sm)
+    ax.set(xlim=(-0.2, cols), ylim=(-0.2, rows), aspect="equal", xticks=[], yticks=[])
+    ax.set_title(f"{title}\n{programs} programs: {busy} of {num_sms} SMs busy", fontsize=10)
 
 
 class BlockTableExplorer:
@@ -415,10 +546,13 @@ class BlockTableExplorer:
         import ipywidgets as w
 
         self._request = w.Dropdown(description="request", layout=w.Layout(width="160px"))
+        # The label gets its own width ("initial": as wide as its text), so the number box
+        # keeps room for 5 digits (with the default label width, "200" showed as "2").
+        label = {"description_width": "initial"}
         self._count = w.BoundedIntText(value=4, min=1, max=10_000, description="N",
-                                       layout=w.Layout(width="120px"))
+                                       style=label, layout=w.Layout(width=NUMBER_BOX_WIDTH))
         self._prompt = w.BoundedIntText(value=5, min=0, max=10_000, description="prompt",
-                                        layout=w.Layout(width="140px"))
+                                        style=label, layout=w.Layout(width=NUMBER_BOX_WIDTH))
         buttons = {
             "+1 token": lambda _: self.add_token(self._request.value),
             "+N tokens": lambda _: self.add_tokens(self._request.value, self._count.value),

@@ -17,13 +17,13 @@ number of multiprocessors; it depends only on those numbers, so the result is de
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from paged_ref.cache_math import split_chunks
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
@@ -91,8 +91,7 @@ def plan_split(
         share /= 2
     # Cut the longest sequence into equal chunks of about the even share (never a short tail).
     num_chunks = max(1, round(max_len / max(share, min_chunk)))
-    chunk = math.ceil(max_len / num_chunks / tile) * tile
-    num_chunks = math.ceil(max_len / chunk)
+    chunk, num_chunks = split_chunks(max_len, num_chunks, tile)
     if num_chunks == 1:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
     return SplitPlan(chunk_size=chunk, num_chunks=num_chunks)

@@ -14,15 +14,9 @@ from paged_ref.course import simulate as S
      ("Llama-2-7B", 524288)],
 )
 def test_kv_bytes_per_token_of_known_models(model, expected):
-    m = S.MODELS[model]
-    assert S.kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim) == expected
-
-
-def test_kv_bytes_per_token_formula_and_dtype():
-    assert S.kv_bytes_per_token(2, 3, 5, dtype_bytes=1) == 2 * 2 * 3 * 5
-    assert S.kv_bytes_per_token(32, 8, 128, dtype_bytes=4) == 2 * 131072
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        S.kv_bytes_per_token(32, 0, 128)
+    assert S.model_bytes_per_token(S.MODELS[model]) == expected
+    assert S.model_bytes_per_token(S.MODELS[model], "float32") == 2 * expected
+    assert S.model_bytes_per_token(S.MODELS[model], 1) == expected // 2  # an 8-bit cache
 
 
 def test_model_table_rows():
@@ -102,7 +96,7 @@ def test_small_paged_pool_preempts_and_still_finishes():
 
 def test_requests_that_fit_matches_capacity():
     req = S.sample_requests(300, seed=0, max_len=512)
-    bpt = S.kv_bytes_per_token(32, 8, 128)
+    bpt = S.model_bytes_per_token(S.MODELS["Llama-3-8B"])
     fit = S.requests_that_fit(512 * 8 * bpt, "max", req, bytes_per_token=bpt)
     assert fit == pytest.approx(8)
     assert S.requests_that_fit(512 * 8 * bpt, "paged", req, bytes_per_token=bpt) > 8

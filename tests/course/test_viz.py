@@ -75,6 +75,40 @@ def test_draw_token_lookup():
         viz.draw_token_lookup([5], seq_len=11, block_size=4, token=1)
 
 
+def test_draw_masked_programs_counts_programs_and_masked_lanes():
+    fig = viz.draw_masked_programs(20, 8)
+    assert [t for t in _texts(fig) if t.startswith("program")] == [f"program {i}" for i in range(3)]
+    hatched = [a for a in fig.axes[0].patches if a.get_hatch()]
+    assert len(hatched) == 3 * 8 - 20
+
+
+def test_draw_program_walk_follows_only_used_table_entries():
+    from paged_ref.course.testing import make_paged_inputs
+
+    inp = make_paged_inputs([11, 19, 6, 14], num_q_heads=8, num_kv_heads=2, head_dim=16,
+                            block_size=4, seed=4)
+    fig = viz.draw_program_walk(inp, b=1, h=0, tile=8)
+    ax_grid, ax_walk = fig.axes
+    assert len(ax_grid.patches) == 4 * 2  # one box per program of the grid
+    arrows = fig.findobj(matplotlib.patches.ConnectionPatch)
+    assert len(arrows) == 5  # one arrow per used block: ceil(19 / 4)
+    texts = _texts(fig)
+    assert [t for t in texts if t.startswith("loop step")] == [
+        "loop step 0: tokens 0-7", "loop step 1: tokens 8-15", "loop step 2: tokens 16-23"]
+    used = inp.block_tables[1, :5].tolist()
+    assert all(str(b) in texts for b in used)
+
+
+def test_draw_sm_occupancy_counts_busy_sms():
+    fig = Figure()
+    ax = fig.subplots()
+    viz.draw_sm_occupancy(ax, programs=8, num_sms=132, programs_per_sm=4, title="one pass")
+    assert len(ax.patches) == 132
+    assert "8 of 132 SMs busy" in ax.get_title()
+    viz.draw_sm_occupancy(ax, programs=10_000, num_sms=132, programs_per_sm=4, title="split")
+    assert "132 of 132 SMs busy" in ax.get_title()
+
+
 def test_seq_color_is_stable_and_not_grey():
     assert viz.seq_color(3) == viz.seq_color(3)
     assert viz.seq_color("x") == viz.seq_color("x")
@@ -133,3 +167,17 @@ def test_explorer_widget_builds_and_buttons_work():
     buttons["finish"].click()  # the dropdown still points at req 0
     assert e.manager.seq_ids == [1]
     assert "finished req 0" in e._status.value
+
+
+def test_explorer_number_boxes_fit_five_digits():
+    # Issue 8, item 9: with ipywidgets' default label width, a 120 px "N" box showed "200" as
+    # "2". The label now takes only its text's width and the box is wide enough for 5 digits.
+    pytest.importorskip("ipywidgets")
+    e = viz.BlockTableExplorer(num_blocks=8, block_size=4, prompts=(2,))
+    e.widget  # noqa: B018 (builds the widgets)
+    for box in (e._count, e._prompt):
+        assert box.style.description_width == "initial"
+        assert int(box.layout.width.removesuffix("px")) >= 150
+    e._count.value = 200
+    assert e.add_tokens(0, e._count.value) is False  # 200 tokens do not fit in 8 blocks of 4
+    assert "needs 50 new block(s)" in e.message

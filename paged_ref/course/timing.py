@@ -1,0 +1,119 @@
+"""Timers, in one place for the benchmark, the tuning script and the notebooks.
+
+On a GPU (:func:`gpu_timing_available`):
+
+* :func:`time_ms`: median milliseconds of a call, ``triton.testing.do_bench`` (warm-up, the L2
+  flushed before each run, CUDA events); what every GPU number of the course is;
+* :func:`graph_ms`: the same call replayed from a CUDA graph (no Python launch cost);
+* :func:`cpu_us_per_call`: host microseconds per call (the Python launch path);
+* :func:`copy_bandwidth_gbps`: the device-to-device copy bandwidth, the practical ceiling;
+* :func:`print_timings`: time a few labelled calls that move the same bytes, print ms and GB/s.
+
+Anywhere: :func:`wall_ms`, the median wall-clock time of a call (what a CPU lesson can
+measure; in Triton's interpreter it measures Python, not a kernel).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from paged_ref import _device
+
+
+def gpu_timing_available() -> bool:
+    """True on a CUDA GPU with compiled Triton kernels (not the interpreter)."""
+    return torch.cuda.is_available() and not _device.INTERPRET
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` (triton's do_bench: warm-up, L2 flush, CUDA events)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def graph_ms(fn: Callable[[], object]) -> float | None:
+    """Median milliseconds per call replaying a CUDA graph of ``fn`` (no launch overhead; the
+    L2 is not flushed). ``None`` when ``fn`` cannot be captured (it reads values back)."""
+    import triton.testing
+
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    except Exception:
+        torch.cuda.synchronize()
+        return None
+
+
+def cpu_us_per_call(fn: Callable[[], object], calls: int = 200) -> float:
+    """Host microseconds per call of ``fn`` (the Python launch path), GPU work not awaited.
+    One call first, so compilation and caches are out of the way."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def warm_up_gpu(seconds: float = 0.3) -> None:
+    """Keep the GPU busy for a moment (large copies) so its clocks are up before timing."""
+    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy of ``num_bytes``: (read + written) bytes / median time, in GB/s."""
+    src = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    warm_up_gpu()
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * num_bytes / (ms * 1e-3) / 1e9
+
+
+def gbps(num_bytes: int, ms: float) -> float:
+    """Bytes per millisecond as GB/s (1e9 bytes per second)."""
+    return num_bytes / (ms * 1e-3) / 1e9
+
+
+def wall_ms(fn: Callable[[], object], repeat: int = 5) -> float:
+    """Median wall-clock milliseconds of ``fn`` over ``repeat`` calls (waits for a GPU)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def print_timings(runs: dict[str, Callable[[], object]], num_bytes: int) -> dict[str, float]:
+    """Time each labelled call with :func:`time_ms` and print ms and ``num_bytes / time``.
+
+    A call that fails (e.g. a backend this GPU lacks) prints its error and is left out of
+    the returned ``{label: ms}``.
+    """
+    width = max(map(len, runs), default=0)
+    print(f"{'':{width}s} {'ms':>8s} {'bytes / time':>14s}")
+    measured = {}
+    for label, fn in runs.items():
+        try:
+            measured[label] = ms = time_ms(fn)
+        except Exception as err:
+            print(f"{label:{width}s} failed: {type(err).__name__}: {str(err)[:80]}")
+            continue
+        finally:
+            torch.cuda.empty_cache()
+        print(f"{label:{width}s} {ms:8.3f} {gbps(num_bytes, ms):9.0f} GB/s")
+    return measured
