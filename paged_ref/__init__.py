@@ -11,7 +11,7 @@ from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.manager import KVCacheManager
 from paged_ref.storage import PagedKVCache
-from paged_ref import transfer  # noqa: E402  (moving blocks between pools, lesson 11)
+from paged_ref import transfer  # noqa: E402, F401  (moving blocks between pools, lesson 11)
 
 __all__ = [
     "BACKENDS",

@@ -98,7 +98,7 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int) -> dict:
             if mode == "per_block" and prompt > PER_BLOCK_MAX:
                 continue
             times = []
-            for rep in range(reps + 1):
+            for _ in range(reps + 1):
                 cache, manager = _pool(prompt, device, seed=prompt)
                 dist.barrier()
                 if rank == 0:
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**env, "num_gpus": 2, "p2p_copy_gbps": p2p, "nccl_sendrecv_gbps": res["nccl_gbps"],
               "shape": {**SHAPE, "dtype": "bfloat16"}, "results": rows}
     for r in rows:
-        extra = f"{r['gbps']:7.1f} GB/s {r['pct_p2p_copy_bw']:5.1f} % of copy" if "gbps" in r else ""
+        extra = (f"{r['gbps']:7.1f} GB/s {r['pct_p2p_copy_bw']:5.1f} % of copy"
+                 if "gbps" in r else "")
         print(f"{r['case']:8s} {r['backend']:22s} {r['ms']:9.3f} ms {extra}")
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"NCCL send/recv {res['nccl_gbps']:.0f} GB/s; wrote {args.out}")

@@ -4,7 +4,7 @@ Lesson 11 and its tests start two processes on one machine (gloo on CPUs, NCCL o
 each with its own KV pool, and move sequences between them with :mod:`paged_ref.transfer`.
 
     results = run_two_ranks(demo_tiny_disaggregated, prompt_len=37, steps=8)
-    results[1]["packed"]["outputs"]  # what rank 1 (decode) computed after receiving the prompt's K/V
+    results[1]["packed"]["outputs"]  # what rank 1 (decode) computed after the move
 
 The function runs as ``fn(rank, world_size, **kwargs)`` in a fresh process (``spawn``), so it
 must be importable (defined in a module, not in a notebook cell); its return value (anything
@@ -108,16 +108,16 @@ def demo_tiny_disaggregated(rank: int, world_size: int, *, prompt_len: int = 37,
 
 
 def tiny_single_process(*, prompt_len: int = 37, steps: int = 8, block_size: int = 4,
-                        seed: int = 0) -> torch.Tensor:
+                        seed: int = 0, device: str | torch.device = "cpu") -> torch.Tensor:
     """The same prompt and steps as :func:`demo_tiny_disaggregated` in one process, one pool:
     the outputs a transfer must reproduce exactly."""
     from paged_ref.course.decode_loop import PagedDecoder, TinyAttentionLayer
 
     model = TinyAttentionLayer.random(seed=seed)
-    dec = PagedDecoder(model, num_blocks=256, block_size=block_size)
+    dec = PagedDecoder(model, num_blocks=256, block_size=block_size, device=device)
     x = dec.prefill(["req"], [model.random_prompt(prompt_len, seed=seed + 1)])
     outputs = []
     for _ in range(steps):
-        x = dec.step(["req"], x)
+        x = dec.step(["req"], x.cpu())
         outputs.append(x)
     return torch.cat(outputs)

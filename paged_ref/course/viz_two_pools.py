@@ -77,3 +77,46 @@ def table_text(table: list[int], limit: int = 8) -> str:
     """A block table as text, shortened after ``limit`` entries."""
     more = f", ... ({len(table)} blocks)" if len(table) > limit else ""
     return "[" + ", ".join(map(str, table[:limit])) + more + "]"
+
+
+def draw_transfer_vs_recompute(result: dict) -> Figure:
+    """Milliseconds per prompt length: each transfer mode vs recomputing the prefill, from a
+    ``python -m paged_ref.bench --suite transfer`` result (log-log axes)."""
+    fig = Figure(figsize=(6.5, 3.4))
+    ax = fig.subplots()
+    backends = sorted({r["backend"] for r in result["results"]})
+    for backend in backends:
+        rows = sorted((r for r in result["results"] if r["backend"] == backend),
+                      key=lambda r: r["prompt_tokens"])
+        style = "--" if backend.startswith("recompute") else "-"
+        ax.plot([r["prompt_tokens"] for r in rows], [r["ms"] for r in rows], style, marker="o",
+                label=backend.replace("transfer_", "move: ").replace("_8b", " (8B-like)"))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("ms")
+    ax.set_title(f"{result['gpu']} x2: moving a prompt's K/V vs recomputing it", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def transfer_table(result: dict) -> str:
+    """The transfer result as a text table: case, backend, ms, GB/s, % of the copy ceiling."""
+    from tabulate import tabulate
+
+    rows = [[r["case"], r["backend"], f"{r['ms']:.3f}",
+             f"{r['gbps']:.1f}" if "gbps" in r else "",
+             f"{r['pct_p2p_copy_bw']:.1f}" if "pct_p2p_copy_bw" in r else ""]
+            for r in result["results"]]
+    return tabulate(rows, headers=["case", "backend", "ms", "GB/s", "% of copy"])
+
+
+def moving_wins(result: dict, mode: str = "packed") -> list[tuple[int, float, float]]:
+    """``(prompt_tokens, transfer ms, recompute ms)`` for each prompt measured both ways."""
+    move = {r["prompt_tokens"]: r["ms"] for r in result["results"]
+            if r["backend"] == f"transfer_{mode}"}
+    redo = {r["prompt_tokens"]: r["ms"] for r in result["results"]
+            if r["backend"].startswith("recompute")}
+    return [(n, move[n], redo[n]) for n in sorted(move) if n in redo]

@@ -33,7 +33,8 @@ def test_pack_blocks_matches_the_library(ex, ids, dtype):
     cache = _pool(len(ids), dtype=dtype)
     got = ex.pack_blocks(cache.k_caches, cache.v_caches, ids)
     expected = transfer.pack_blocks(cache, ids)
-    assert got.shape == expected.shape, f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    assert got.shape == expected.shape, (
+        f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
     assert got.dtype == expected.dtype, f"dtype {got.dtype}, expected {expected.dtype}"
     for layer in range(cache.num_layers):
         for kv, name in ((0, "K"), (1, "V")):

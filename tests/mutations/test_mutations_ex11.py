@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tests.mutations.mutate import Mutation, assert_caught
 
 MUTATIONS = [
