@@ -75,24 +75,32 @@ def _pool(prompt: int, device, seed: int):
     return cache, manager
 
 
-def _rank_main(rank: int, world_size: int, *, prompts, reps: int) -> dict:
-    """Rank 0 sends each prompt's blocks in each mode; rank 1 receives and checks them."""
-    from paged_ref import transfer
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    device = torch.device("cuda", rank)
+
+def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
+               big_bytes: int = 4 << 30) -> dict:
+    """Rank 0 sends each prompt's blocks in each mode; rank 1 receives and checks them.
+    (Runs on CPUs with gloo too, for a smoke test: ``rank_device`` picks the device.)"""
+    from paged_ref import transfer
+    from paged_ref.course.two_ranks import rank_device
+
+    device = rank_device(rank)
     rows = []
-    # NCCL ceiling: one large contiguous buffer.
-    big = torch.empty(4 << 30, dtype=torch.uint8, device=device)
+    # The transport's ceiling: one large contiguous buffer.
+    big = torch.empty(big_bytes, dtype=torch.uint8, device=device)
     nccl = []
     for _ in range(reps + 1):
         dist.barrier()
-        torch.cuda.synchronize(device)
+        _sync(device)
         t0 = time.perf_counter()
         (dist.send if rank == 0 else dist.recv)(big, 1 - rank)
-        torch.cuda.synchronize(device)
+        _sync(device)
         nccl.append(time.perf_counter() - t0)
     del big
-    nccl_gbps = (4 << 30) / statistics.median(nccl[1:]) / 1e9
+    nccl_gbps = big_bytes / statistics.median(nccl[1:]) / 1e9
     for prompt in prompts:
         for mode in transfer.MODES:
             if mode == "per_block" and prompt > PER_BLOCK_MAX:
@@ -120,7 +128,8 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int) -> dict:
                     payload = moved.payload_bytes
                     del dst_cache
                 del cache
-                torch.cuda.empty_cache()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
                 if not ok:
                     raise AssertionError(f"{mode} transfer of {prompt} tokens: data differ")
             if rank == 1:
