@@ -8,8 +8,10 @@ has its own pool, allocator and tables. Moving the sequence is three steps:
    asks *its* manager for blocks (all or nothing) and answers yes or no. Nothing is sent
    into a pool that has no room, and a "no" leaves both sides as they were;
 2. **move**: the payload travels through ``torch.distributed`` (NCCL between GPUs, gloo
-   between CPU processes): either *packed* -- one gather of the scattered blocks into one
-   contiguous buffer, one send -- or *per block* -- one send per (layer, K/V, block), no copy;
+   between CPU processes): *packed* -- the scattered blocks gathered into contiguous buffers
+   of a few layers each (about :data:`CHUNK_BYTES`), two in flight, so the gather of the next
+   chunk overlaps the send of this one; *per_layer* -- the same with one layer a message (what
+   a layer-by-layer pipeline sends); *per_block* -- one send per (layer, K/V, block), no copy;
 3. **land**: ``dst`` scatters the payload into the blocks its allocator gave; its block table
    points at them, and decode goes on there as if the prompt had been computed locally.
 
@@ -37,7 +39,7 @@ from paged_ref.storage import PagedKVCache
 MODES = ("packed", "per_block", "per_layer")
 #: dtypes a header can name (index in this tuple goes over the wire).
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_HEADER_LEN = 8  # num_tokens, num_blocks, mode, layers, block_size, kv_heads, head_dim, dtype
+_HEADER_LEN = 9  # tokens, blocks, mode, layers per chunk, then the pool's shape (5)
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,10 @@ def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.T
         cache.v_caches[layer].index_copy_(0, idx, packed[layer, 1])
 
 
-def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str) -> torch.Tensor:
+def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str,
+            per_chunk: int) -> torch.Tensor:
     return torch.tensor(
-        [num_tokens, num_blocks, MODES.index(mode), cache.num_layers, cache.block_size,
+        [num_tokens, num_blocks, MODES.index(mode), per_chunk, cache.num_layers, cache.block_size,
          cache.num_kv_heads, cache.head_dim, _DTYPES.index(cache.dtype)],
         dtype=torch.int64, device=cache.device,
     )
@@ -128,41 +131,78 @@ def _sync(cache: PagedKVCache) -> None:
         torch.cuda.synchronize(cache.device)
 
 
-def _send_payload(cache, table, mode, dst, group):
-    if mode == "packed":
-        dist.send(pack_blocks(cache, table), dst, group=group)
-    elif mode == "per_layer":  # one gather + send per layer: what a layer pipeline sends
-        idx = _block_index(cache, table)
-        for layer in range(cache.num_layers):
-            buf = torch.stack([cache.k_caches[layer].index_select(0, idx),
-                               cache.v_caches[layer].index_select(0, idx)])
-            dist.send(buf, dst, group=group)
-    else:  # per block: each block of each layer's K and V is already contiguous: no copy
+#: Packed mode sends consecutive layers in chunks of about this many bytes, two in flight.
+CHUNK_BYTES = 256 << 20
+
+
+def layers_per_chunk(cache: PagedKVCache, num_blocks: int, mode: str) -> int:
+    """Layers per message: one for ``per_layer``; for ``packed`` as many as fit in
+    :data:`CHUNK_BYTES` (at least one, at most all)."""
+    if mode == "per_layer":
+        return 1
+    per_layer = num_blocks * cache.block_size * cache.bytes_per_token // cache.num_layers
+    return max(1, min(cache.num_layers, CHUNK_BYTES // max(1, per_layer)))
+
+
+def _pack_layers(cache, idx, layer0, layer1, out):
+    for i, layer in enumerate(range(layer0, layer1)):
+        torch.index_select(cache.k_caches[layer], 0, idx, out=out[i, 0])
+        torch.index_select(cache.v_caches[layer], 0, idx, out=out[i, 1])
+
+
+def _send_payload(cache, table, mode, dst, group, per_chunk):
+    """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
+    asynchronously, so the gather of the next chunk overlaps the send of this one."""
+    if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
         for layer in range(cache.num_layers):
             for block in table:
                 dist.send(cache.k_caches[layer][block], dst, group=group)
                 dist.send(cache.v_caches[layer][block], dst, group=group)
+        return
+    idx = _block_index(cache, table)
+    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
+    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    in_flight = [None, None]
+    for i, layer0 in enumerate(range(0, cache.num_layers, per_chunk)):
+        layer1 = min(layer0 + per_chunk, cache.num_layers)
+        if in_flight[i % 2] is not None:
+            in_flight[i % 2].wait()  # this buffer's previous send has read it
+        buf = staging[i % 2][: layer1 - layer0]
+        _pack_layers(cache, idx, layer0, layer1, buf)
+        in_flight[i % 2] = dist.isend(buf, dst, group=group)
+    for work in in_flight:
+        if work is not None:
+            work.wait()
 
 
-def _recv_payload(cache, table, mode, src, group):
-    if mode == "packed":
-        buf = torch.empty(payload_shape(cache, len(table)), dtype=cache.dtype,
-                          device=cache.device)
-        dist.recv(buf, src, group=group)
-        unpack_blocks(cache, table, buf)
-    elif mode == "per_layer":
-        idx = _block_index(cache, table)
-        buf = torch.empty((2, len(table), cache.block_size, cache.num_kv_heads, cache.head_dim),
-                          dtype=cache.dtype, device=cache.device)
-        for layer in range(cache.num_layers):
-            dist.recv(buf, src, group=group)
-            cache.k_caches[layer].index_copy_(0, idx, buf[0])
-            cache.v_caches[layer].index_copy_(0, idx, buf[1])
-    else:
+def _recv_payload(cache, table, mode, src, group, per_chunk):
+    """The mirror of :func:`_send_payload`: the next chunk's receive is posted before this
+    chunk is scattered into its blocks."""
+    if mode == "per_block":
         for layer in range(cache.num_layers):
             for block in table:
                 dist.recv(cache.k_caches[layer][block], src, group=group)
                 dist.recv(cache.v_caches[layer][block], src, group=group)
+        return
+    idx = _block_index(cache, table)
+    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
+    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    starts = list(range(0, cache.num_layers, per_chunk))
+
+    def post(i):
+        layer0 = starts[i]
+        buf = staging[i % 2][: min(per_chunk, cache.num_layers - layer0)]
+        return buf, dist.irecv(buf, src, group=group)
+
+    pending = post(0)
+    for i, layer0 in enumerate(starts):
+        buf, work = pending
+        if i + 1 < len(starts):
+            pending = post(i + 1)
+        work.wait()
+        for j in range(buf.shape[0]):
+            cache.k_caches[layer0 + j].index_copy_(0, idx, buf[j, 0])
+            cache.v_caches[layer0 + j].index_copy_(0, idx, buf[j, 1])
 
 
 def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, dst: int,
@@ -180,13 +220,14 @@ def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     num_tokens = manager.seq_len(seq_id)
     _sync(cache)
     start = time.perf_counter()
-    dist.send(_header(cache, num_tokens, len(table), mode), dst, group=group)
+    per_chunk = layers_per_chunk(cache, len(table), mode)
+    dist.send(_header(cache, num_tokens, len(table), mode, per_chunk), dst, group=group)
     answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
     dist.recv(answer, dst, group=group)
     if int(answer[0]) != 1:
         reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no free blocks"
         raise ValueError(f"rank {dst} refused sequence {seq_id!r}: {reason}")
-    _send_payload(cache, table, mode, dst, group)
+    _send_payload(cache, table, mode, dst, group, per_chunk)
     _sync(cache)
     seconds = time.perf_counter() - start
     return Transfer(num_tokens, len(table), _payload_bytes(cache, len(table)), seconds, mode)
@@ -208,7 +249,7 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
     dist.recv(header, src, group=group)
     start = time.perf_counter()
-    num_tokens, num_blocks, mode_code, *shape = (int(x) for x in header.tolist())
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
     mode = MODES[mode_code]
     answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
     mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
@@ -230,7 +271,7 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     if len(table) != num_blocks:  # same block_size on both sides, so this cannot differ
         raise AssertionError(f"expected {num_blocks} blocks, the manager gave {len(table)}")
     dist.send(answer, src, group=group)
-    _recv_payload(cache, table, mode, src, group)
+    _recv_payload(cache, table, mode, src, group, per_chunk)
     _sync(cache)
     seconds = time.perf_counter() - start
     return Transfer(num_tokens, num_blocks, _payload_bytes(cache, num_blocks), seconds, mode)
