@@ -9,7 +9,7 @@ Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManage
 from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
-from paged_ref.manager import KVCacheManager
+from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.storage import PagedKVCache
 from paged_ref import transfer  # noqa: E402, F401  (moving blocks between pools, lesson 11)
 
@@ -19,6 +19,7 @@ __all__ = [
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",
+    "hash_block_tokens",
     "paged_attention",
 ]
 __version__ = "0.1.0"
