@@ -277,9 +277,116 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     return Transfer(num_tokens, num_blocks, _payload_bytes(cache, num_blocks), seconds, mode)
 
 
+def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequence[int], *,
+                dst: int, mode: str = "packed", group=None) -> Transfer:
+    """Send the K/V of a prompt's cached full blocks to rank ``dst``'s *prefix cache*
+    (:func:`recv_prefix`): afterwards, rank ``dst``'s ``add_sequence(token_ids=prompt)`` hits
+    them, as if it had computed the prompt itself -- how a decode engine takes over a prompt
+    that a prefill engine computed (vLLM's KV connectors work this way).
+
+    ``manager`` must have prefix caching on and hold the prompt's full blocks (e.g. its engine
+    has just computed the prompt). Only full blocks travel (at most ``len - 1`` tokens, as a
+    prefix-cache hit always leaves one token to compute), and only those the receiver lacks:
+    it answers how many leading tokens it has cached already.
+
+    Raises ``ValueError`` (before any payload is sent) when this manager does not have the
+    blocks cached, or the receiver refuses (no room, other pool shape).
+    """
+    import time
+
+    _check_mode(mode)
+    bs = manager.block_size
+    ids = [int(t) for t in token_ids]
+    full = (len(ids) - 1) // bs * bs  # the tokens a hit can cover
+    seq = ("transfer", id(ids))
+    if full == 0:
+        raise ValueError(f"a prompt of {len(ids)} tokens has no full block to send "
+                         f"(block_size {bs}, one token is always left to compute)")
+    cached = manager.add_sequence(seq, token_ids=ids[: full + 1])
+    try:
+        if cached < full:
+            raise ValueError(f"only {cached} of the prompt's {full} leading tokens are in this "
+                             "pool's prefix cache; compute the prompt first")
+        table = manager.block_table(seq)[: full // bs]
+        _sync(cache)
+        start = time.perf_counter()
+        per_chunk = layers_per_chunk(cache, len(table), mode)
+        dist.send(_header(cache, full + 1, len(table), mode, per_chunk), dst, group=group)
+        dist.send(torch.tensor(ids[: full + 1], dtype=torch.int64, device=cache.device), dst,
+                  group=group)
+        answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
+        dist.recv(answer, dst, group=group)
+        if int(answer[0]) != 1:
+            reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no room"
+            raise ValueError(f"rank {dst} refused the prefix: {reason}")
+        have = int(answer[1]) // bs  # leading blocks the receiver has already
+        table = table[have:]
+        if table:
+            _send_payload(cache, table, mode, dst, group,
+                          layers_per_chunk(cache, len(table), mode))
+        _sync(cache)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.free_sequence(seq)  # the blocks stay cached here
+    return Transfer(full, len(table), _payload_bytes(cache, len(table)), seconds, mode)
+
+
+def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
+                group=None) -> Transfer:
+    """Receive a prompt's full blocks from :func:`send_prefix` on rank ``src`` into this pool's
+    prefix cache (``manager`` must have prefix caching on). Blocks it has cached already are
+    not sent again. Afterwards nobody holds the new blocks: they are cached (evictable, least
+    recently used last) until a request with that prompt hits them.
+
+    Returns what moved; ``num_tokens`` counts the tokens now cached for that prompt.
+    Raises ``OutOfBlocksError`` / ``ValueError`` as :func:`recv_sequence` (nothing changed).
+    """
+    import time
+
+    from paged_ref.allocator import OutOfBlocksError
+
+    if not manager.enable_prefix_caching:
+        raise ValueError("recv_prefix needs a KVCacheManager with enable_prefix_caching=True")
+    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
+    dist.recv(header, src, group=group)
+    start = time.perf_counter()
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
+    ids = torch.empty(num_tokens, dtype=torch.int64, device=cache.device)
+    dist.recv(ids, src, group=group)
+    mode = MODES[mode_code]
+    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
+    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
+            _DTYPES.index(cache.dtype)]
+    if shape != mine:
+        answer[:] = torch.tensor([0, 2])
+        dist.send(answer, src, group=group)
+        raise ValueError(f"rank {src}'s pool {shape} differs from this pool's {mine}")
+    seq = ("transfer", id(ids))
+    try:
+        have = manager.add_sequence(seq, token_ids=ids.tolist())
+    except OutOfBlocksError:
+        answer[:] = torch.tensor([0, 1])
+        dist.send(answer, src, group=group)
+        raise
+    try:
+        answer[1] = have
+        dist.send(answer, src, group=group)
+        bs = manager.block_size
+        table = manager.block_table(seq)[have // bs : num_blocks]
+        if table:
+            _recv_payload(cache, table, mode, src, group,
+                          layers_per_chunk(cache, len(table), mode))
+        _sync(cache)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.free_sequence(seq)  # full blocks stay cached, now holding the sender's K/V
+    return Transfer(num_blocks * manager.block_size, len(table),
+                    _payload_bytes(cache, len(table)), seconds, mode)
+
+
 def _payload_bytes(cache: PagedKVCache, num_blocks: int) -> int:
     return num_blocks * cache.block_size * cache.bytes_per_token
 
 
-__all__ = ["MODES", "Transfer", "pack_blocks", "payload_shape", "recv_sequence",
-           "send_sequence", "unpack_blocks"]
+__all__ = ["MODES", "Transfer", "pack_blocks", "payload_shape", "recv_prefix", "recv_sequence",
+           "send_prefix", "send_sequence", "unpack_blocks"]

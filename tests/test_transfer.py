@@ -78,3 +78,44 @@ def test_decode_after_transfer_equals_single_process():
         t = got["transfer"]
         assert (t.num_tokens, t.num_blocks, t.mode) == (37, 10, mode)
         assert t.payload_bytes == 10 * 4 * 2 * 2 * 16 * 4  # blocks*size*K,V*heads*dim*fp32
+
+
+def _prefix_ranks(rank, world_size):
+    """Rank 0 computed two prompts sharing 8 tokens; rank 1 takes both into its prefix cache."""
+    bs = 4
+    gen = torch.Generator().manual_seed(7)
+    prompt_a = torch.randint(0, 1000, (23,), generator=gen).tolist()
+    prompt_b = prompt_a[:8] + torch.randint(0, 1000, (9,), generator=gen).tolist()
+    cache = PagedKVCache(2, 64, bs, 2, 8, dtype=torch.float32)
+    m = KVCacheManager(64, bs, enable_prefix_caching=True)
+    if rank == 0:
+        for name, prompt in (("a", prompt_a), ("b", prompt_b)):
+            m.add_sequence(name, token_ids=prompt)
+            for layer in range(2):  # the prompt's K/V, as a prefill would write them
+                k = torch.randn(len(prompt), 2, 8, generator=gen)
+                cache.write(layer, k, -k, m.slot_mapping(name))
+        expected = {n: [cache.gather(layer, m.block_table(n), 20 if n == "a" else 16)
+                        for layer in range(2)] for n in ("a", "b")}
+        for name in ("a", "b"):
+            m.free_sequence(name)
+        moved = [transfer.send_prefix(cache, m, p, dst=1) for p in (prompt_a, prompt_b)]
+        return {"expected": expected, "moved": moved}
+    m.add_sequence("running", 30)  # another request holds blocks here
+    moved = [transfer.recv_prefix(cache, m, src=0) for _ in range(2)]
+    hits = {"a": m.add_sequence("a", token_ids=prompt_a),
+            "b": m.add_sequence("b", token_ids=prompt_b)}
+    got = {n: [cache.gather(layer, m.block_table(n), hits[n]) for layer in range(2)]
+           for n in ("a", "b")}
+    return {"moved": moved, "hits": hits, "got": got, "free": m.num_free_blocks}
+
+
+def test_prefix_lands_in_the_receivers_prefix_cache_and_only_missing_blocks_travel():
+    res = two_ranks.run_two_ranks(_prefix_ranks, backend="gloo")
+    assert res[1]["hits"] == {"a": 20, "b": 16}  # full blocks, one token left to compute
+    for name in ("a", "b"):
+        for (k0, v0), (k1, v1) in zip(res[0]["expected"][name], res[1]["got"][name],
+                                      strict=True):
+            assert torch.equal(k0, k1) and torch.equal(v0, v1), name
+    a, b = res[1]["moved"]
+    assert (a.num_tokens, a.num_blocks) == (20, 5)
+    assert (b.num_tokens, b.num_blocks) == (16, 2)  # its first 2 blocks were cached already
