@@ -121,3 +121,63 @@ def tiny_single_process(*, prompt_len: int = 37, steps: int = 8, block_size: int
         x = dec.step(["req"], x.cpu())
         outputs.append(x)
     return torch.cat(outputs)
+
+
+def tiny_llama(device: str | torch.device = "cpu", seed: int = 0):
+    """A small random-weight Llama (2 layers, hidden 64, 4 query / 2 KV heads, vocab 256,
+    float32) with a fixed seed: the same weights in every process."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=512)
+    return LlamaForCausalLM(config).to(device).eval()
+
+
+def smollm2(device: str | torch.device = "cpu"):
+    """SmolLM2-135M-Instruct from the local cache (``paged_ref.engine.load_smollm2``)."""
+    from paged_ref.engine import load_smollm2
+
+    return load_smollm2(device=device)[0]
+
+
+def demo_engine_disaggregated(rank: int, world_size: int, *, prompts: list[list[int]],
+                              max_new_tokens: int, model_fn: Callable = tiny_llama,
+                              num_blocks: int = 128, block_size: int = 16,
+                              mode: str = "packed") -> dict:
+    """Prefill on rank 0's engine, decode on rank 1's, with a real transformers model.
+
+    Rank 0's :class:`~paged_ref.engine.Engine` computes the prompts (and their first token);
+    :func:`paged_ref.transfer.send_prefix` moves each prompt's full blocks into rank 1's prefix
+    cache; rank 1's engine then generates: its prefix cache hits every full block, so it
+    computes only the last partial block's tokens (at most ``block_size``) and decodes on.
+    Returns rank 1's outputs and what was moved / computed.
+    """
+    from paged_ref import transfer
+    from paged_ref.engine import Engine
+
+    device = rank_device(rank)
+    model = model_fn(device)
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
+                    enable_prefix_caching=True)
+    cache, manager = engine.runner.cache, engine.scheduler.manager
+    if rank == 0:
+        first = engine.generate(prompts, max_new_tokens=1, ignore_eos=True)
+        moved = [transfer.send_prefix(cache, manager, p, dst=1, mode=mode) for p in prompts]
+        return {"first": first, "moved": moved}
+    moved = [transfer.recv_prefix(cache, manager, src=0) for _ in prompts]
+    outputs = engine.generate(prompts, max_new_tokens=max_new_tokens, ignore_eos=True)
+    return {"outputs": outputs, "moved": moved, "cached_tokens": engine.stats.cached_tokens,
+            "computed_tokens": engine.stats.computed_tokens}
+
+
+def engine_single_process(*, prompts: list[list[int]], max_new_tokens: int,
+                          model_fn: Callable = tiny_llama, num_blocks: int = 128,
+                          block_size: int = 16, device: str | torch.device = "cpu") -> list:
+    """The same prompts through one engine in one process: the tokens a transfer must keep."""
+    from paged_ref.engine import Engine
+
+    engine = Engine(model_fn(device), num_blocks=num_blocks, block_size=block_size,
+                    enable_prefix_caching=True)
+    return engine.generate(prompts, max_new_tokens=max_new_tokens, ignore_eos=True)
