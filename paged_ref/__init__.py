@@ -13,7 +13,7 @@ from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.kv_write import write_kv
-from paged_ref.manager import KVCacheManager
+from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.prefill import paged_prefill
 from paged_ref.storage import PagedKVCache
 
@@ -23,6 +23,7 @@ __all__ = [
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",
+    "hash_block_tokens",
     "paged_attention",
     "paged_prefill",
     "write_kv",

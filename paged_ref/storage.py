@@ -58,14 +58,13 @@ class PagedKVCache:
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.v_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.device = self.k_caches[0].device  # "cuda" resolved to "cuda:0"
+        # One tensor [2 (K, V), num_layers, num_blocks, block_size, Hkv, D]; each layer's K and
+        # V are contiguous views of it, so one indexed copy moves a block in every layer.
+        self.kv = torch.zeros((2, num_layers, num_blocks, block_size, num_kv_heads, head_dim),
+                              dtype=dtype, device=device)
+        self.k_caches: list[torch.Tensor] = list(self.kv[0].unbind(0))
+        self.v_caches: list[torch.Tensor] = list(self.kv[1].unbind(0))
+        self.device = self.kv.device  # "cuda" resolved to "cuda:0"
 
     @property
     def num_slots(self) -> int:
@@ -152,6 +151,39 @@ class PagedKVCache:
         )
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
         return k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]
+
+    def copy_blocks(self, pairs) -> None:
+        """Copy block ``src`` to block ``dst`` for each ``(src, dst)`` in ``pairs``, in every
+        layer's K and V: one batched gather + scatter on the cache's device (what
+        ``KVCacheManager.take_copies()`` returns after copy-on-writes). An empty list does
+        nothing. All sources are read before any destination is written.
+
+        Raises:
+            TypeError: ``pairs`` is not a list/tuple of ``(int, int)`` pairs.
+            ValueError: an id outside ``[0, num_blocks)``, a pair copying a block onto
+                itself, or two pairs writing the same ``dst``. Nothing is copied then.
+        """
+        if not isinstance(pairs, (list, tuple)):
+            raise TypeError(f"pairs must be a list of (src, dst) pairs, got {type(pairs).__name__}")
+        src, dst = [], []
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"pairs[{i}] must be a (src, dst) pair, got {pair!r}")
+            for name, block_id, out in (("src", pair[0], src), ("dst", pair[1], dst)):
+                block_id = check_int(f"pairs[{i}] {name}", block_id)
+                if block_id >= self.num_blocks:
+                    raise ValueError(f"pairs[{i}] {name} = {block_id} is outside "
+                                     f"[0, num_blocks={self.num_blocks})")
+                out.append(block_id)
+            if src[-1] == dst[-1]:
+                raise ValueError(f"pairs[{i}] copies block {src[-1]} onto itself")
+        if len(set(dst)) != len(dst):
+            raise ValueError(f"pairs writes a destination block twice: {list(pairs)!r}")
+        if not pairs:
+            return
+        src_t = torch.tensor(src, dtype=torch.long, device=self.device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
+        self.kv[:, :, dst_t] = self.kv[:, :, src_t]
 
     # ---- argument checks --------------------------------------------------------------------
 
