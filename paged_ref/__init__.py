@@ -14,18 +14,21 @@ from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.kv_write import write_kv
 from paged_ref.manager import KVCacheManager, hash_block_tokens
+from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.storage import PagedKVCache
 
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
+    "DecodePlan",
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",
     "hash_block_tokens",
     "paged_attention",
     "paged_prefill",
+    "plan_decode",
     "write_kv",
 ]
 __version__ = "0.1.0"
