@@ -21,7 +21,6 @@ from paged_ref.storage import PagedKVCache
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
-    "DecodePlan",
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",
