@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -57,10 +58,21 @@ def _convert(gguf: Path, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from safetensors.torch import save_file
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        # save_pretrained refuses a model loaded from GGUF: write the (de-quantised) weights,
+        # the config without its quantisation entry, and the tokenizer ourselves.
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)  # the same tensor as the embedding
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(target)  # atomic: a half-written cache is never seen
     except OSError:

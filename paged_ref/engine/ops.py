@@ -20,56 +20,55 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from paged_ref.attention import paged_attention
+from paged_ref.kv_write import write_kv_torch
 from paged_ref.manager import KVCacheManager
+from paged_ref.plan import plan_decode as _plan_decode
+from paged_ref.prefill import paged_prefill
 from paged_ref.storage import PagedKVCache
 
 
 def new_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> KVCacheManager:
     """The block manager: one block table per request over a pool of ``num_blocks`` blocks."""
-    return KVCacheManager(num_blocks, block_size)
+    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
 
 def prefix_caching_supported() -> bool:
     """Whether this ``KVCacheManager`` can share cached prompt blocks between requests."""
-    return False
+    return True
 
 
 def add_sequence(manager: KVCacheManager, seq_id: Hashable, token_ids: Sequence[int]) -> int:
     """Give ``seq_id`` blocks for all of ``token_ids`` (all or nothing).
 
-    Returns how many leading tokens are already in the cache (a prefix-cache hit; 0 without
-    prefix caching). Raises ``OutOfBlocksError`` when the pool is short; nothing is held then.
+    Returns how many leading tokens are already in the cache (a prefix-cache hit, a multiple
+    of the block size, less than ``len(token_ids)``; 0 without prefix caching). Raises
+    ``OutOfBlocksError`` when the pool is short; nothing is held then.
     """
-    manager.add_sequence(seq_id, len(token_ids))
-    return 0
+    return manager.add_sequence(seq_id, token_ids=token_ids)
 
 
 def append_slot(manager: KVCacheManager, seq_id: Hashable, token_id: int) -> int:
     """The slot of ``seq_id``'s next token ``token_id`` (a new block only at a boundary)."""
-    return manager.append_slot(seq_id)
+    return manager.append_slot(seq_id, token_id)
 
 
 def take_copies(manager: KVCacheManager) -> list[tuple[int, int]]:
     """Block copies ``(src, dst)`` owed by copy-on-write since the last call."""
-    return []
+    return manager.take_copies()
 
 
 def copy_blocks(cache: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
     """Copy every layer's K and V of block ``src`` into block ``dst``, for each pair."""
-    for src, dst in pairs:
-        for k_cache, v_cache in zip(cache.k_caches, cache.v_caches):
-            k_cache[dst].copy_(k_cache[src])
-            v_cache[dst].copy_(v_cache[src])
+    if pairs:
+        cache.copy_blocks(pairs)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Scatter token ``i``'s K/V (``[num_tokens, num_kv_heads, head_dim]``) to slot
-    ``slot_mapping[i]`` (int64, on the cache's device). No checks, no host sync: the engine
-    builds the slots itself, and this runs inside CUDA graphs."""
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    ``slot_mapping[i]`` (int64, on the cache's device). The unchecked path (no read-back):
+    the engine builds the slots itself, and this runs inside CUDA graphs."""
+    write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
@@ -79,25 +78,22 @@ def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_l
     ``q`` is ``[total_query_tokens, Hq, D]``; sequence ``b`` owns rows
     ``query_start_loc[b]:query_start_loc[b+1]``, the last tokens of its ``seq_lens[b]``.
     """
-    # Each query row is one decode over the tokens it may see (causal offset by the prefix).
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    row_seq = torch.repeat_interleave(torch.arange(len(q_lens), device=q.device), q_lens)
-    first = (seq_lens - q_lens)[row_seq]
-    offset = torch.arange(q.shape[0], device=q.device) - query_start_loc[:-1][row_seq]
-    row_lens = (first + offset + 1).to(torch.int32)
-    return paged_attention(q, k_cache, v_cache, block_tables[row_seq], row_lens, scale=scale,
-                           backend=backend)
+    return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                         scale=scale, backend=backend)
 
 
-def plan_decode(block_tables: torch.Tensor, seq_lens_host: Sequence[int], num_q_heads: int,
-                k_cache: torch.Tensor, *, backend: str):
-    """Host-side plan for a decode step from the lengths known on the host (None: the call
-    plans itself). A plan made for the longest lengths serves any shorter ones (CUDA graphs)."""
-    return None
+def plan_decode(seq_lens_host: Sequence[int], k_cache: torch.Tensor, *, num_q_heads: int,
+                scale: float, backend: str, max_seq_len: int | None = None):
+    """Host-side plan for a decode step from the lengths known on the host. A plan made with
+    ``max_seq_len`` serves any lengths up to it (what CUDA graph replays need)."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    return _plan_decode(seq_lens_host, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                        head_dim=head_dim, block_size=block_size, dtype=k_cache.dtype,
+                        device=k_cache.device, max_seq_len=max_seq_len, scale=scale,
+                        backend=backend)
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, scale: float,
-                     backend: str, plan=None) -> torch.Tensor:
-    """One query token per sequence: ``q`` is ``[batch, Hq, D]``."""
-    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-                           backend=backend)
+def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, plan) -> torch.Tensor:
+    """One query token per sequence (``q`` is ``[batch, Hq, D]``), planned by
+    :func:`plan_decode`: no read-back, CUDA-graph capturable."""
+    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, plan=plan)

@@ -155,13 +155,13 @@ class ModelRunner:
         qsl = as_tensor(step.query_start_loc, torch.int32)
         caches = self.cache
         if step.is_decode:
-            plan = ops.plan_decode(tables, step.seq_lens, self.num_q_heads, caches.k_caches[0],
+            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0],
+                                   num_q_heads=self.num_q_heads, scale=self.scale,
                                    backend=self.backend)
 
             def attend(i, q):
                 return ops.decode_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
-                                            seq_lens, scale=self.scale, backend=self.backend,
-                                            plan=plan)
+                                            seq_lens, plan=plan)
         else:
             def attend(i, q):
                 return ops.prefill_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
@@ -190,17 +190,17 @@ class ModelRunner:
         self.g_seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(n, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.g_tokens = torch.zeros(n, dtype=torch.long, device=dev)
-        max_lens = [self.max_blocks_per_seq * self.block_size] * n
+        max_len = self.max_blocks_per_seq * self.block_size
         pool = None
         for b in sorted(buckets, reverse=True):
-            plan = ops.plan_decode(self.g_tables[:b], max_lens[:b], self.num_q_heads,
-                                   self.cache.k_caches[0], backend=self.backend)
+            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], num_q_heads=self.num_q_heads,
+                                   scale=self.scale, backend=self.backend, max_seq_len=max_len)
 
             def step(b=b, plan=plan):
                 def attend(i, q):
                     return ops.decode_attention(
                         q, self.cache.k_caches[i], self.cache.v_caches[i], self.g_tables[:b],
-                        self.g_seq_lens[:b], scale=self.scale, backend=self.backend, plan=plan)
+                        self.g_seq_lens[:b], plan=plan)
                 hidden = self.forward(self.g_input_ids[:b], self.g_positions[:b],
                                       self.g_slots[:b], attend)
                 self.g_tokens[:b] = self.greedy(hidden)

@@ -66,7 +66,7 @@ def check_invariants(scheduler: Scheduler, out) -> None:
     (400, 16, 2048, 256),  # everything fits
     (12, 4, 64, 8),  # tight pool: preemption
     (9, 8, 16, 4),  # chunked prefill (budget below the prompt lengths) and preemption
-    (40, 1, 7, 3),  # block size 1, odd budget
+    (60, 1, 7, 3),  # block size 1, odd budget
 ])
 def test_every_request_gets_its_tokens(num_blocks, block_size, budget, max_seqs):
     requests = make_requests(seed=num_blocks, n=10)
