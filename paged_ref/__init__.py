@@ -21,6 +21,7 @@ from paged_ref.storage import PagedKVCache
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
+    "DecodePlan",
     "KVCacheManager",
     "OutOfBlocksError",
     "PagedKVCache",

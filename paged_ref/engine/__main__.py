@@ -55,7 +55,7 @@ def main(argv=None) -> int:
             print(f"\rassistant> {text}", end="", flush=True)
 
     outputs = engine.generate(prompts, args.max_new_tokens, on_step=show if stream else None)
-    for text, out in zip(args.prompt, outputs):
+    for text, out in zip(args.prompt, outputs, strict=False):
         if stream:
             print()
         else:

@@ -137,14 +137,16 @@ class Engine:
 
     # ---- the public call --------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
-                 ignore_eos: bool = False, on_step: Callable[[StepEvent], None] | None = None,
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: int | Sequence[int], *, ignore_eos: bool = False,
+                 on_step: Callable[[StepEvent], None] | None = None,
                  progress: bool | None = None) -> list[list[int]]:
         """Greedy continuations of ``prompts`` (token ids), in prompt order.
 
         Each request stops after ``max_new_tokens`` tokens (an int, or one per prompt), or
-        right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to transformers'
-        ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each prompt alone.
+        right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to
+        transformers' ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each
+        prompt alone (float32).
 
         Raises ``ValueError`` (before any work) for an empty prompt list or prompt, a token id
         outside ``[0, vocab_size)``, ``max_new_tokens < 0``, or a request that can never fit
@@ -193,7 +195,8 @@ class Engine:
         ops.copy_blocks(self.runner.cache, out.copies)
         step = self._layout(out)
         tokens = self.runner.execute(step)
-        new_tokens = {out.chunks[b].request.req_id: t for b, t in zip(step.sample_rows, tokens)}
+        new_tokens = {out.chunks[b].request.req_id: t
+                      for b, t in zip(step.sample_rows, tokens, strict=True)}
         finished = sched.update(out, new_tokens, stop_ids)
         m = sched.manager
         running = sched.running if listen else []
@@ -246,7 +249,7 @@ class Engine:
         else:
             limits = [check_int("max_new_tokens", max_new_tokens)] * len(prompts)
         checked = []
-        for i, (p, max_new_tokens) in enumerate(zip(prompts, limits)):
+        for i, (p, max_new_tokens) in enumerate(zip(prompts, limits, strict=False)):
             if isinstance(p, torch.Tensor):
                 p = p.tolist() if p.dim() == 1 else p
             if isinstance(p, (str, bytes)) or not isinstance(p, Sequence):
@@ -270,7 +273,7 @@ class Engine:
                                  f"{max_new_tokens} exceed max_model_len={self.max_model_len}")
             checked.append(ids)
         requests = [Request(self._next_id + i, ids, n)
-                    for i, (ids, n) in enumerate(zip(checked, limits))]
+                    for i, (ids, n) in enumerate(zip(checked, limits, strict=False))]
         self._next_id += len(requests)
         return requests
 

@@ -124,7 +124,7 @@ def test_9_policies_drive_the_scheduler(ex, seed):
 
 MUTATIONS = {
     "admit_count": [
-        ("if need > free_blocks:\n            break", "if need > free_blocks:\n            continue"),
+        ("free_blocks:\n            break", "free_blocks:\n            continue"),
         ("chunk = min(n, token_budget)", "chunk = n"),
         ("free_blocks -= need", "pass"),
         ("token_budget -= chunk", "pass"),
@@ -139,10 +139,10 @@ MUTATIONS = {
 
 
 def mutate(fn, old: str, new: str):
-    source = textwrap.dedent(inspect.getsource(fn))
-    assert old in source, f"mutation target {old!r} not in {fn.__name__}"
+    head, body = textwrap.dedent(inspect.getsource(fn)).split("# BEGIN SOLUTION")
+    assert old in body, f"mutation target {old!r} not in {fn.__name__}'s solution"
     namespace = dict(fn.__globals__)
-    exec(source.replace(old, new, 1), namespace)
+    exec(head + "# BEGIN SOLUTION" + body.replace(old, new, 1), namespace)
     return namespace[fn.__name__]
 
 
@@ -158,9 +158,11 @@ def test_mutations_are_caught(request, name, old, new):
         choose_victim = staticmethod(sol.choose_victim)
 
     setattr(Mutant, name, staticmethod(mutate(getattr(sol, name), old, new)))
-    checks = [test_9_1_admit_count_matches_the_spec, test_9_1_admit_count_is_first_come_first_served,
-              test_9_1_admit_count_chunks_the_last_prompt, test_9_1_admit_count_edges] \
-        if name == "admit_count" else [test_9_2_choose_victim_picks_the_latest_arrival]
+    checks = [test_9_1_admit_count_matches_the_spec,
+              test_9_1_admit_count_is_first_come_first_served,
+              test_9_1_admit_count_chunks_the_last_prompt, test_9_1_admit_count_edges]
+    if name == "choose_victim":
+        checks = [test_9_2_choose_victim_picks_the_latest_arrival]
     caught = False
     for check in checks:
         try:
