@@ -84,3 +84,93 @@ def test_gpu_value_checks(table_width):
     bad_lens[0] = -1
     with pytest.raises(ValueError, match=r"seq_lens\[0\]"):
         paged_ref.paged_attention(*args[:4], bad_lens)
+
+
+# --------------------------------------------------------------------------- plan once, run many
+# Lengths that make dispatch pick each kernel on 132 SMs: one pass, split with the merge fused
+# into the split kernel (<= 16 chunks), split with a separate merge kernel (> 16 chunks).
+PLANNED = {"one_pass": [512] * 64, "split_fused": [2048] * 4, "split_merge": [40000],
+           "ragged": ragged_lengths(12, 1, 9000, seed=3)}
+GPU_SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
+
+
+def _planned(name, grow=0, **kw):
+    lens = PLANNED[name]
+    inp = make_paged_inputs([n + grow for n in lens], dtype=torch.bfloat16, device="cuda",
+                            seed=len(name), **GPU_SHAPE)
+    plan = paged_ref.plan_decode(lens, dtype=torch.bfloat16, device="cuda",
+                                 max_seq_len=max(lens) + grow, **GPU_SHAPE, **kw)
+    return inp, plan
+
+
+def test_gpu_dispatch_picks_each_kernel():
+    kinds = {}
+    for name in PLANNED:
+        plan = _planned(name)[1]
+        kinds[name] = (plan.backend, plan.split and plan.split.fused_merge)
+    assert kinds["one_pass"] == ("triton", None)
+    assert kinds["split_fused"] == ("triton_split", True)
+    assert kinds["split_merge"] == ("triton_split", False)
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_planned_call_does_not_sync(name):
+    inp, plan = _planned(name)
+    out = torch.empty_like(inp.q)
+    paged_ref.paged_attention(*inp.args(), plan=plan, out=out)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        paged_ref.paged_attention(*inp.args(), plan=plan, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(out, inp.reference(), name=name)
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_fused_merge_is_right_every_time(name):
+    """The atomic-counter merge, 20 launches in a row: right, identical, counters back to 0."""
+    inp, plan = _planned(name)
+    outs = [paged_ref.paged_attention(*inp.args(), plan=plan) for _ in range(20)]
+    assert_close(outs[0], inp.reference(), name=name)
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), "launches differ"
+    if plan.scratch is not None:
+        assert (plan.scratch.counters == 0).all()
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_cuda_graph_capture_and_replay_with_new_values(name):
+    """Capture one planned call; write longer lengths (+100), new q and a re-shuffled table
+    into the same tensors; replay; compare with the float64 reference of the new inputs."""
+    grown, plan = _planned(name, grow=100)
+    q, k, v, tables, lens = (t.clone() for t in grown.args())
+    lens.sub_(100)  # the lengths the plan was made for
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compile) off the capture
+        paged_ref.paged_attention(q, k, v, tables, lens, plan=plan, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_ref.paged_attention(q, k, v, tables, lens, plan=plan, out=out)
+    for step in range(2):
+        new = make_paged_inputs(grown.seq_lens.tolist(), dtype=torch.bfloat16, device="cuda",
+                                seed=100 + step, **GPU_SHAPE)
+        if new.k_cache.shape != k.shape or new.block_tables.shape != tables.shape:
+            new = grown  # same shapes needed for in-place updates
+        for dst, src in zip((q, k, v, tables, lens), new.args(), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, new.reference(), name=f"{name} replay {step}")
+
+
+def test_gpu_unplanned_call_is_right_for_odd_layouts():
+    """tests/test_inputs.py runs compiled here too; one larger case through 'auto'."""
+    inp = make_paged_inputs([3000, 17, 800], dtype=torch.bfloat16, device="cuda", seed=9,
+                            **GPU_SHAPE)
+    q = inp.q.transpose(0, 1).contiguous().transpose(0, 1)
+    lens = torch.stack([inp.seq_lens, inp.seq_lens * 0 + 10**6], 1).flatten()[::2]
+    out = paged_ref.paged_attention(q, inp.k_cache, inp.v_cache, inp.block_tables, lens)
+    assert_close(out, inp.reference())

@@ -7,6 +7,7 @@ and in the unused slots of the cache (random large values, or NaN), never ``aran
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -167,3 +168,49 @@ def interleaved_cache(lens: list[int], *, block_size: int, num_q_heads: int, num
         cache.write(0, ks[s], vs[s], manager.slot_mapping(s))
     q = torch.randn(len(lens), num_q_heads, head_dim, generator=gen).to(dtype)
     return manager, cache, q, ks, vs
+
+@dataclass
+class PrefillInputs:
+    """One prefill step's inputs: the cache of :class:`PagedInputs` plus packed query rows.
+
+    q:               [total_query_tokens, num_q_heads, head_dim]
+    query_start_loc: [batch + 1] int32; sequence b owns q rows query_start_loc[b]:[b+1],
+                     its last ``query_lens[b]`` tokens (already in the cache)
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """Positional arguments for ``paged_prefill``."""
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc)
+
+    def reference(self, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+        """The float64 answer, [total_query_tokens, num_q_heads, head_dim]."""
+        from paged_ref.prefill import paged_prefill_reference
+
+        return paged_prefill_reference(*self.args(), scale=scale, causal=causal)
+
+
+def make_prefill_inputs(
+    seq_lens: list[int], query_lens: list[int], *, seed: int = 0, **kwargs
+) -> PrefillInputs:
+    """Random prefill inputs: sequence b has ``seq_lens[b]`` cached tokens, of which the last
+    ``query_lens[b]`` are queries. Cache, tables and poison as in :func:`make_paged_inputs`
+    (same keyword arguments)."""
+    if len(query_lens) != len(seq_lens):
+        raise ValueError(f"query_lens has {len(query_lens)} entries, seq_lens {len(seq_lens)}")
+    cache = make_paged_inputs(seq_lens, seed=seed, **kwargs)
+    total = sum(query_lens)
+    device = cache.q.device
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    q = torch.randn(total, cache.q.shape[1], cache.q.shape[2], generator=gen, device=device)
+    starts = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32,
+                          device=device)
+    return PrefillInputs(q.to(cache.q.dtype), cache.k_cache, cache.v_cache, cache.block_tables,
+                         cache.seq_lens, starts)
