@@ -297,11 +297,10 @@ def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequenc
     _check_mode(mode)
     bs = manager.block_size
     ids = [int(t) for t in token_ids]
-    full = (len(ids) - 1) // bs * bs  # the tokens a hit can cover
+    if not ids:
+        raise ValueError("token_ids must not be empty")
+    full = (len(ids) - 1) // bs * bs  # the tokens a hit can cover (0: nothing travels)
     seq = ("transfer", id(ids))
-    if full == 0:
-        raise ValueError(f"a prompt of {len(ids)} tokens has no full block to send "
-                         f"(block_size {bs}, one token is always left to compute)")
     cached = manager.add_sequence(seq, token_ids=ids[: full + 1])
     try:
         if cached < full:

@@ -119,3 +119,18 @@ def test_prefix_lands_in_the_receivers_prefix_cache_and_only_missing_blocks_trav
     a, b = res[1]["moved"]
     assert (a.num_tokens, a.num_blocks) == (20, 5)
     assert (b.num_tokens, b.num_blocks) == (16, 2)  # its first 2 blocks were cached already
+
+
+def test_engine_greedy_tokens_after_transfer_equal_one_engine():
+    """Lesson 11's bar on CPU: rank 0's engine computes the prompts, their blocks move into
+    rank 1's prefix cache (gloo), rank 1's engine generates: the same greedy tokens as one
+    engine in one process, and rank 1 computed only the tails (at most a block per prompt)."""
+    pytest.importorskip("transformers")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (37, 16, 53)]
+    res = two_ranks.run_two_ranks(two_ranks.demo_engine_disaggregated, backend="gloo",
+                                  prompts=prompts, max_new_tokens=8)
+    alone = two_ranks.engine_single_process(prompts=prompts, max_new_tokens=8)
+    assert res[1]["outputs"] == alone
+    assert [(m.num_tokens, m.num_blocks) for m in res[1]["moved"]] == [(32, 2), (0, 0), (48, 3)]
+    assert res[1]["cached_tokens"] == 80  # every moved token was a prefix-cache hit on rank 1
