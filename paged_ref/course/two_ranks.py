@@ -135,6 +135,19 @@ def tiny_llama(device: str | torch.device = "cpu", seed: int = 0):
     return LlamaForCausalLM(config).to(device).eval()
 
 
+def smollm2_shape_random(device: str | torch.device = "cpu", seed: int = 0):
+    """SmolLM2-135M's architecture (30 layers, hidden 576, 9 query / 3 KV heads, head_dim 64)
+    with seeded random weights in bfloat16: the same model on every GPU, no download."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         max_position_embeddings=8192, rope_theta=100000.0,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+
+
 def smollm2(device: str | torch.device = "cpu"):
     """SmolLM2-135M-Instruct from the local cache (``paged_ref.engine.load_smollm2``)."""
     from paged_ref.engine import load_smollm2
