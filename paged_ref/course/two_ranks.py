@@ -188,9 +188,12 @@ def demo_engine_disaggregated(rank: int, world_size: int, *, prompts: list[list[
 def engine_single_process(*, prompts: list[list[int]], max_new_tokens: int,
                           model_fn: Callable = tiny_llama, num_blocks: int = 128,
                           block_size: int = 16, device: str | torch.device = "cpu") -> list:
-    """The same prompts through one engine in one process: the tokens a transfer must keep."""
+    """The same steps in one engine, one process: compute the prompts (first call), then
+    generate, hitting the prefix cache exactly as rank 1 does after the transfer. The tokens
+    a transfer must keep, bit for bit (same computations in the same order, minus the move)."""
     from paged_ref.engine import Engine
 
     engine = Engine(model_fn(device), num_blocks=num_blocks, block_size=block_size,
                     enable_prefix_caching=True)
+    engine.generate(prompts, max_new_tokens=1, ignore_eos=True)
     return engine.generate(prompts, max_new_tokens=max_new_tokens, ignore_eos=True)
