@@ -17,6 +17,7 @@ from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.storage import PagedKVCache
+from paged_ref import transfer  # noqa: E402, F401  (moving blocks between pools, lesson 11)
 
 __all__ = [
     "BACKENDS",

@@ -150,7 +150,7 @@ class PagedDecoder:
         return paged_attention(
             q.to(self.dtype).to(self.cache.device), k_cache, v_cache, block_tables, seq_lens,
             backend=self.backend,
-        )
+        ).cpu()  # the layer's weights live on the CPU
 
     def prefill(
         self, seq_ids: Sequence[Hashable], prompts: Sequence[torch.Tensor]

@@ -21,8 +21,6 @@ POISON_VALUES = ("large", "nan")
 
 
 @dataclass
-
-
 class PagedInputs:
     """One decode step's inputs in the layout of docs/contract.md.
 
@@ -173,8 +171,6 @@ def interleaved_cache(lens: list[int], *, block_size: int, num_q_heads: int, num
 
 
 @dataclass
-
-
 class PrefillInputs:
     """One prefill step's inputs: the cache of :class:`PagedInputs` plus packed query rows.
 

@@ -1,0 +1,391 @@
+"""Moving a sequence's KV blocks from one engine's pool to another's (disaggregated serving).
+
+A prefill engine (rank ``src``) has computed a prompt's K/V: it sits in *its* pool, in
+whatever blocks its allocator gave, listed in its block table. A decode engine (rank ``dst``)
+has its own pool, allocator and tables. Moving the sequence is three steps:
+
+1. **agree**: ``src`` sends a small header (tokens, blocks, mode, payload shape); ``dst``
+   asks *its* manager for blocks (all or nothing) and answers yes or no. Nothing is sent
+   into a pool that has no room, and a "no" leaves both sides as they were;
+2. **move**: the payload travels through ``torch.distributed`` (NCCL between GPUs, gloo
+   between CPU processes): *packed* -- the scattered blocks gathered into contiguous buffers
+   of a few layers each (about :data:`CHUNK_BYTES`), two in flight, so the gather of the next
+   chunk overlaps the send of this one; *per_layer* -- the same with one layer a message (what
+   a layer-by-layer pipeline sends); *per_block* -- one send per (layer, K/V, block), no copy;
+3. **land**: ``dst`` scatters the payload into the blocks its allocator gave; its block table
+   points at them, and decode goes on there as if the prompt had been computed locally.
+
+    # rank 0 (prefill)                         # rank 1 (decode)
+    send_sequence(cache0, m0, "req", dst=1)     recv_sequence(cache1, m1, "req", src=0)
+
+Payload layout (packed): ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads,
+head_dim]`` in the cache's dtype; :func:`pack_blocks` and :func:`unpack_blocks` are the gather
+and the scatter. Both pools must agree on ``num_layers``, ``block_size``, ``num_kv_heads``,
+``head_dim`` and ``dtype`` (checked in the handshake: a mismatch is a ``ValueError`` on both
+sides, never bytes landing in the wrong shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from paged_ref.manager import KVCacheManager
+from paged_ref.storage import PagedKVCache
+
+MODES = ("packed", "per_block", "per_layer")
+#: dtypes a header can name (index in this tuple goes over the wire).
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HEADER_LEN = 9  # tokens, blocks, mode, layers per chunk, then the pool's shape (5)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What one :func:`send_sequence` / :func:`recv_sequence` moved.
+
+    ``payload_bytes`` counts K and V of every block moved (whole blocks, so a half-filled last
+    block travels whole); ``seconds`` is wall time from the header to the last byte (after a
+    device synchronise), on the side that measured it.
+    """
+
+    num_tokens: int
+    num_blocks: int
+    payload_bytes: int
+    seconds: float
+    mode: str
+
+    @property
+    def gbps(self) -> float:
+        """Payload GB/s (1e9 bytes per second)."""
+        return self.payload_bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+def _block_index(cache: PagedKVCache, block_ids: Sequence[int]) -> torch.Tensor:
+    ids = [int(b) for b in block_ids]
+    for j, b in enumerate(ids):
+        if not 0 <= b < cache.num_blocks:
+            raise ValueError(f"block_ids[{j}] = {b} is outside [0, num_blocks={cache.num_blocks})")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"block_ids repeats a block: {ids}")
+    return torch.tensor(ids, dtype=torch.long, device=cache.device)
+
+
+def payload_shape(cache: PagedKVCache, num_blocks: int) -> tuple[int, ...]:
+    """``(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)``."""
+    return (cache.num_layers, 2, num_blocks, cache.block_size, cache.num_kv_heads,
+            cache.head_dim)
+
+
+def pack_blocks(cache: PagedKVCache, block_ids: Sequence[int],
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gather blocks ``block_ids`` of every layer's K and V into one contiguous tensor.
+
+    Returns ``[num_layers, 2, len(block_ids), block_size, num_kv_heads, head_dim]`` (a copy;
+    ``out`` may be given, contiguous and of that shape and dtype).
+    """
+    idx = _block_index(cache, block_ids)
+    shape = payload_shape(cache, len(idx))
+    if out is None:
+        out = torch.empty(shape, dtype=cache.dtype, device=cache.device)
+    elif tuple(out.shape) != shape or out.dtype != cache.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape}")
+    for layer in range(cache.num_layers):
+        torch.index_select(cache.k_caches[layer], 0, idx, out=out[layer, 0])
+        torch.index_select(cache.v_caches[layer], 0, idx, out=out[layer, 1])
+    return out
+
+
+def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.Tensor) -> None:
+    """Scatter a :func:`pack_blocks` payload into blocks ``block_ids`` of ``cache``."""
+    idx = _block_index(cache, block_ids)
+    shape = payload_shape(cache, len(idx))
+    if tuple(packed.shape) != shape or packed.dtype != cache.dtype:
+        raise ValueError(
+            f"packed must be {cache.dtype} of shape {shape}, got {packed.dtype} "
+            f"{tuple(packed.shape)}"
+        )
+    for layer in range(cache.num_layers):
+        cache.k_caches[layer].index_copy_(0, idx, packed[layer, 0])
+        cache.v_caches[layer].index_copy_(0, idx, packed[layer, 1])
+
+
+def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str,
+            per_chunk: int) -> torch.Tensor:
+    return torch.tensor(
+        [num_tokens, num_blocks, MODES.index(mode), per_chunk, cache.num_layers, cache.block_size,
+         cache.num_kv_heads, cache.head_dim, _DTYPES.index(cache.dtype)],
+        dtype=torch.int64, device=cache.device,
+    )
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def _sync(cache: PagedKVCache) -> None:
+    if cache.device.type == "cuda":
+        torch.cuda.synchronize(cache.device)
+
+
+#: Packed mode sends consecutive layers in chunks of about this many bytes, two in flight.
+CHUNK_BYTES = 256 << 20
+
+
+def layers_per_chunk(cache: PagedKVCache, num_blocks: int, mode: str) -> int:
+    """Layers per message: one for ``per_layer``; for ``packed`` as many as fit in
+    :data:`CHUNK_BYTES` (at least one, at most all)."""
+    if mode == "per_layer":
+        return 1
+    per_layer = num_blocks * cache.block_size * cache.bytes_per_token // cache.num_layers
+    return max(1, min(cache.num_layers, CHUNK_BYTES // max(1, per_layer)))
+
+
+def _pack_layers(cache, idx, layer0, layer1, out):
+    for i, layer in enumerate(range(layer0, layer1)):
+        torch.index_select(cache.k_caches[layer], 0, idx, out=out[i, 0])
+        torch.index_select(cache.v_caches[layer], 0, idx, out=out[i, 1])
+
+
+def _send_payload(cache, table, mode, dst, group, per_chunk):
+    """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
+    asynchronously, so the gather of the next chunk overlaps the send of this one."""
+    if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
+        for layer in range(cache.num_layers):
+            for block in table:
+                dist.send(cache.k_caches[layer][block], dst, group=group)
+                dist.send(cache.v_caches[layer][block], dst, group=group)
+        return
+    idx = _block_index(cache, table)
+    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
+    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    in_flight = [None, None]
+    for i, layer0 in enumerate(range(0, cache.num_layers, per_chunk)):
+        layer1 = min(layer0 + per_chunk, cache.num_layers)
+        if in_flight[i % 2] is not None:
+            in_flight[i % 2].wait()  # this buffer's previous send has read it
+        buf = staging[i % 2][: layer1 - layer0]
+        _pack_layers(cache, idx, layer0, layer1, buf)
+        in_flight[i % 2] = dist.isend(buf, dst, group=group)
+    for work in in_flight:
+        if work is not None:
+            work.wait()
+
+
+def _recv_payload(cache, table, mode, src, group, per_chunk):
+    """The mirror of :func:`_send_payload`: the next chunk's receive is posted before this
+    chunk is scattered into its blocks."""
+    if mode == "per_block":
+        for layer in range(cache.num_layers):
+            for block in table:
+                dist.recv(cache.k_caches[layer][block], src, group=group)
+                dist.recv(cache.v_caches[layer][block], src, group=group)
+        return
+    idx = _block_index(cache, table)
+    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
+    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    starts = list(range(0, cache.num_layers, per_chunk))
+
+    def post(i):
+        layer0 = starts[i]
+        buf = staging[i % 2][: min(per_chunk, cache.num_layers - layer0)]
+        return buf, dist.irecv(buf, src, group=group)
+
+    pending = post(0)
+    for i, layer0 in enumerate(starts):
+        buf, work = pending
+        if i + 1 < len(starts):
+            pending = post(i + 1)
+        work.wait()
+        for j in range(buf.shape[0]):
+            cache.k_caches[layer0 + j].index_copy_(0, idx, buf[j, 0])
+            cache.v_caches[layer0 + j].index_copy_(0, idx, buf[j, 1])
+
+
+def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, dst: int,
+                  mode: str = "packed", group=None) -> Transfer:
+    """Send sequence ``seq_id``'s K/V (all layers) to rank ``dst``, which runs
+    :func:`recv_sequence`. The local sequence is left as it is (free it when done).
+
+    Raises ``ValueError`` (nothing sent past the header) when the receiver has no room or its
+    pool's shape differs; ``dst`` raises too.
+    """
+    import time
+
+    _check_mode(mode)
+    table = manager.block_table(seq_id)
+    num_tokens = manager.seq_len(seq_id)
+    _sync(cache)
+    start = time.perf_counter()
+    per_chunk = layers_per_chunk(cache, len(table), mode)
+    dist.send(_header(cache, num_tokens, len(table), mode, per_chunk), dst, group=group)
+    answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
+    dist.recv(answer, dst, group=group)
+    if int(answer[0]) != 1:
+        reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no free blocks"
+        raise ValueError(f"rank {dst} refused sequence {seq_id!r}: {reason}")
+    _send_payload(cache, table, mode, dst, group, per_chunk)
+    _sync(cache)
+    seconds = time.perf_counter() - start
+    return Transfer(num_tokens, len(table), _payload_bytes(cache, len(table)), seconds, mode)
+
+
+def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, src: int,
+                  group=None) -> Transfer:
+    """Receive a sequence sent by :func:`send_sequence` on rank ``src`` as ``seq_id``.
+
+    Asks ``manager`` for the blocks first (``add_sequence``, all or nothing), then lands the
+    payload in them; afterwards ``manager.block_table(seq_id)`` points at the K/V. Raises
+    ``OutOfBlocksError`` (after telling the sender) when the pool has no room, ``ValueError``
+    when the pools' shapes differ; in both cases nothing is held or written.
+    """
+    import time
+
+    from paged_ref.allocator import OutOfBlocksError
+
+    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
+    dist.recv(header, src, group=group)
+    start = time.perf_counter()
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
+    mode = MODES[mode_code]
+    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
+    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
+            _DTYPES.index(cache.dtype)]
+    if shape != mine:
+        answer[:] = torch.tensor([0, 2])
+        dist.send(answer, src, group=group)
+        raise ValueError(
+            f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
+            f"differs from this pool's {mine}"
+        )
+    try:
+        manager.add_sequence(seq_id, num_tokens)
+    except OutOfBlocksError:
+        answer[:] = torch.tensor([0, 1])
+        dist.send(answer, src, group=group)
+        raise
+    table = manager.block_table(seq_id)
+    if len(table) != num_blocks:  # same block_size on both sides, so this cannot differ
+        raise AssertionError(f"expected {num_blocks} blocks, the manager gave {len(table)}")
+    dist.send(answer, src, group=group)
+    _recv_payload(cache, table, mode, src, group, per_chunk)
+    _sync(cache)
+    seconds = time.perf_counter() - start
+    return Transfer(num_tokens, num_blocks, _payload_bytes(cache, num_blocks), seconds, mode)
+
+
+def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequence[int], *,
+                dst: int, mode: str = "packed", group=None) -> Transfer:
+    """Send the K/V of a prompt's cached full blocks to rank ``dst``'s *prefix cache*
+    (:func:`recv_prefix`): afterwards, rank ``dst``'s ``add_sequence(token_ids=prompt)`` hits
+    them, as if it had computed the prompt itself -- how a decode engine takes over a prompt
+    that a prefill engine computed (vLLM's KV connectors work this way).
+
+    ``manager`` must have prefix caching on and hold the prompt's full blocks (e.g. its engine
+    has just computed the prompt). Only full blocks travel (at most ``len - 1`` tokens, as a
+    prefix-cache hit always leaves one token to compute), and only those the receiver lacks:
+    it answers how many leading tokens it has cached already.
+
+    Raises ``ValueError`` (before any payload is sent) when this manager does not have the
+    blocks cached, or the receiver refuses (no room, other pool shape).
+    """
+    import time
+
+    _check_mode(mode)
+    bs = manager.block_size
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise ValueError("token_ids must not be empty")
+    full = (len(ids) - 1) // bs * bs  # the tokens a hit can cover (0: nothing travels)
+    seq = ("transfer", id(ids))
+    cached = manager.add_sequence(seq, token_ids=ids[: full + 1])
+    try:
+        if cached < full:
+            raise ValueError(f"only {cached} of the prompt's {full} leading tokens are in this "
+                             "pool's prefix cache; compute the prompt first")
+        table = manager.block_table(seq)[: full // bs]
+        _sync(cache)
+        start = time.perf_counter()
+        per_chunk = layers_per_chunk(cache, len(table), mode)
+        dist.send(_header(cache, full + 1, len(table), mode, per_chunk), dst, group=group)
+        dist.send(torch.tensor(ids[: full + 1], dtype=torch.int64, device=cache.device), dst,
+                  group=group)
+        answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
+        dist.recv(answer, dst, group=group)
+        if int(answer[0]) != 1:
+            reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no room"
+            raise ValueError(f"rank {dst} refused the prefix: {reason}")
+        have = int(answer[1]) // bs  # leading blocks the receiver has already
+        table = table[have:]
+        if table:
+            _send_payload(cache, table, mode, dst, group,
+                          layers_per_chunk(cache, len(table), mode))
+        _sync(cache)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.free_sequence(seq)  # the blocks stay cached here
+    return Transfer(full, len(table), _payload_bytes(cache, len(table)), seconds, mode)
+
+
+def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
+                group=None) -> Transfer:
+    """Receive a prompt's full blocks from :func:`send_prefix` on rank ``src`` into this pool's
+    prefix cache (``manager`` must have prefix caching on). Blocks it has cached already are
+    not sent again. Afterwards nobody holds the new blocks: they are cached (evictable, least
+    recently used last) until a request with that prompt hits them.
+
+    Returns what moved; ``num_tokens`` counts the tokens now cached for that prompt.
+    Raises ``OutOfBlocksError`` / ``ValueError`` as :func:`recv_sequence` (nothing changed).
+    """
+    import time
+
+    from paged_ref.allocator import OutOfBlocksError
+
+    if not manager.enable_prefix_caching:
+        raise ValueError("recv_prefix needs a KVCacheManager with enable_prefix_caching=True")
+    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
+    dist.recv(header, src, group=group)
+    start = time.perf_counter()
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
+    ids = torch.empty(num_tokens, dtype=torch.int64, device=cache.device)
+    dist.recv(ids, src, group=group)
+    mode = MODES[mode_code]
+    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
+    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
+            _DTYPES.index(cache.dtype)]
+    if shape != mine:
+        answer[:] = torch.tensor([0, 2])
+        dist.send(answer, src, group=group)
+        raise ValueError(f"rank {src}'s pool {shape} differs from this pool's {mine}")
+    seq = ("transfer", id(ids))
+    try:
+        have = manager.add_sequence(seq, token_ids=ids.tolist())
+    except OutOfBlocksError:
+        answer[:] = torch.tensor([0, 1])
+        dist.send(answer, src, group=group)
+        raise
+    try:
+        answer[1] = have
+        dist.send(answer, src, group=group)
+        bs = manager.block_size
+        table = manager.block_table(seq)[have // bs : num_blocks]
+        if table:
+            _recv_payload(cache, table, mode, src, group,
+                          layers_per_chunk(cache, len(table), mode))
+        _sync(cache)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.free_sequence(seq)  # full blocks stay cached, now holding the sender's K/V
+    return Transfer(num_blocks * manager.block_size, len(table),
+                    _payload_bytes(cache, len(table)), seconds, mode)
+
+
+def _payload_bytes(cache: PagedKVCache, num_blocks: int) -> int:
+    return num_blocks * cache.block_size * cache.bytes_per_token
+
+
+__all__ = ["MODES", "Transfer", "pack_blocks", "payload_shape", "recv_prefix", "recv_sequence",
+           "send_prefix", "send_sequence", "unpack_blocks"]

@@ -1,0 +1,63 @@
+"""Lesson 11: moving a sequence's KV blocks from one pool to another.
+
+Two exercises, then the library's send/recv (``paged_ref.transfer``) does the rest:
+
+* Ex 11.1 :func:`pack_blocks`   gather a sequence's scattered blocks, every layer, K and V,
+                                into one contiguous buffer (one send instead of thousands)
+* Ex 11.2 :func:`unpack_blocks` scatter such a buffer into the blocks the receiver's
+                                allocator gave
+
+Layout, per layer (as everywhere in the course)::
+
+    k_caches[layer], v_caches[layer]   [num_blocks, block_size, num_kv_heads, head_dim]
+    packed                             [num_layers, 2, n, block_size, num_kv_heads, head_dim]
+                                       packed[l, 0, j] = K of the j-th listed block of layer l,
+                                       packed[l, 1, j] = its V
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                block_ids: list[int]) -> torch.Tensor:
+    """Exercise 11.1: gather blocks ``block_ids`` (in that order) of every layer's K and V.
+
+    Args:
+        k_caches, v_caches: one tensor per layer, ``[num_blocks, block_size, Hkv, D]``.
+        block_ids: the sequence's block table (logical order), ids in ``[0, num_blocks)``.
+
+    Returns:
+        A new contiguous tensor ``[num_layers, 2, len(block_ids), block_size, Hkv, D]`` on the
+        caches' device and dtype: index 0 of the second dimension is K, 1 is V.
+
+    Hints:
+        * One ``index_select`` (or advanced indexing) per layer and per K/V picks the blocks;
+          ``torch.stack`` puts the pieces together (or fill a preallocated ``torch.empty``).
+        * The order of ``block_ids`` is the sequence's logical order: keep it.
+    """
+    # BEGIN SOLUTION
+    idx = torch.tensor(block_ids, dtype=torch.long, device=k_caches[0].device)
+    return torch.stack([torch.stack([k.index_select(0, idx), v.index_select(0, idx)])
+                        for k, v in zip(k_caches, v_caches, strict=True)])
+    # END SOLUTION
+
+
+def unpack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                  block_ids: list[int], packed: torch.Tensor) -> None:
+    """Exercise 11.2: write ``packed`` (from :func:`pack_blocks` on another pool) into blocks
+    ``block_ids`` of these caches, in place: the j-th packed block goes to ``block_ids[j]``.
+
+    Every other block stays as it was.
+
+    Hints:
+        * ``tensor.index_copy_(0, idx, source)`` or ``tensor[idx] = source``, per layer, K and V.
+        * The receiver's ids differ from the sender's: only the position j links them.
+    """
+    # BEGIN SOLUTION
+    idx = torch.tensor(block_ids, dtype=torch.long, device=k_caches[0].device)
+    for layer, (k, v) in enumerate(zip(k_caches, v_caches, strict=True)):
+        k.index_copy_(0, idx, packed[layer, 0])
+        v.index_copy_(0, idx, packed[layer, 1])
+    # END SOLUTION
