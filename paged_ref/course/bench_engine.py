@@ -48,8 +48,7 @@ def build_model(shape: str, dtype=torch.bfloat16, device="cuda", seed: int = 0,
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                      attn_implementation=attn_implementation)
+                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -58,6 +57,7 @@ def build_model(shape: str, dtype=torch.bfloat16, device="cuda", seed: int = 0,
             model = LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(old)
+    model.set_attn_implementation(attn_implementation)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
@@ -134,8 +134,8 @@ def run_generate_batch(model, prompts, max_new: int):
     from transformers import GenerationConfig
 
     model.set_attn_implementation("paged|sdpa")
-    cfg = GenerationConfig(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)
+    cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
     model.generate_batch(inputs=prompts[:8], generation_config=cfg, progress_bar=False)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -155,21 +155,27 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
     from paged_ref.course.bench import time_ms
     from paged_ref.engine.runner import StepInputs
 
-    runner, bs = engine.runner, engine.block_size
+    runner, bs, pool = engine.runner, engine.block_size, engine.num_blocks
     per_seq = blocks_needed(seq_len, bs)
-    tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch)]
+    # distinct blocks while the pool lasts (ids stay inside it: the planned call reads no
+    # value back, so an id outside the pool would be an illegal memory access)
+    tables = [[(b * per_seq + j) % pool for j in range(per_seq)] for b in range(batch)]
     step = StepInputs(input_ids=[5] * batch, positions=[seq_len - 1] * batch,
                       slot_mapping=[t[-1] * bs + (seq_len - 1) % bs for t in tables],
                       query_start_loc=list(range(batch + 1)), seq_lens=[seq_len] * batch,
                       block_tables=tables, sample_rows=list(range(batch)))
     ms = time_ms(lambda: runner.execute(step))
+    bucket = min((b for b in runner.graphs if b >= batch), default=None)
+    graph_ms = time_ms(runner.graphs[bucket].replay) if bucket else None
     cfg = model.config
     kv = batch * seq_len * kv_bytes_per_token(num_layers=cfg.num_hidden_layers,
                                               num_kv_heads=cfg.num_key_value_heads,
                                               head_dim=runner.head_dim, dtype=runner.dtype)
     w = weight_bytes(model)
     roofline_ms = (w + kv) / (copy_bw_gbps * 1e9) * 1e3
-    return {"batch": batch, "seq_len": seq_len, "ms": ms, "weight_bytes": w, "kv_bytes": kv,
+    return {"batch": batch, "seq_len": seq_len, "ms": ms, "graph_ms": graph_ms,
+            "x_roofline_graph": graph_ms / roofline_ms if graph_ms else None,
+            "weight_bytes": w, "kv_bytes": kv,
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
             "cuda_graph": bool(runner.graphs)}
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -220,15 +221,16 @@ class ModelRunner:
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
-        width = self.max_blocks_per_seq
-        rows = [t + [0] * (width - len(t)) for t in step.block_tables] + [[0] * width] * pad
+        width = max(len(t) for t in step.block_tables)
+        tables = np.zeros((bucket, width), dtype=np.int32)  # padding rows: length 0, never read
+        for row, table in enumerate(step.block_tables):
+            tables[row, : len(table)] = table
         host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
                              step.slot_mapping + [self.scratch_slot] * pad], dtype=torch.long)
-        self.g_input_ids[:bucket].copy_(host[0], non_blocking=True)
-        self.g_positions[:bucket].copy_(host[1], non_blocking=True)
-        self.g_slots[:bucket].copy_(host[2], non_blocking=True)
-        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad,
-                                                    dtype=torch.int32), non_blocking=True)
-        self.g_tables[:bucket].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        self.g_input_ids[:bucket].copy_(host[0])
+        self.g_positions[:bucket].copy_(host[1])
+        self.g_slots[:bucket].copy_(host[2])
+        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
+        self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
         self.graphs[bucket].replay()
         return self.g_tokens[:bucket]
