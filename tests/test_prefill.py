@@ -56,9 +56,13 @@ def test_matches_float64_reference(backend, case_id, seq_lens, query_lens, hq, h
     assert_close(out, inp.reference(causal=causal), name=f"{backend} {case_id}")
 
 
-def test_scale_and_auto():
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS_UNDER_TEST])
+@pytest.mark.parametrize("scale", [0.3, -0.2])
+def test_scale(backend, scale):
+    """A given scale, negative included (the kernel flips q's sign to keep its scale > 0)."""
     inp = make_prefill_inputs([30, 12], [10, 12], num_q_heads=4, num_kv_heads=2, seed=3)
-    assert_close(paged_prefill(*inp.args(), scale=0.3), inp.reference(scale=0.3))
+    out = paged_prefill(*inp.args(), scale=scale, backend=backend)
+    assert_close(out, inp.reference(scale=scale))
 
 
 def test_decode_is_one_query_row():

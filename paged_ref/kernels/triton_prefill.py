@@ -44,6 +44,11 @@ class PrefillConfig:
     num_stages: int = 3
 
 
+#: Tiles for decode-like sequences in a mixed batch: 16 rows (one token x a GQA group of 16,
+#: or 4 tokens x a group of 4), as the decode kernel uses.
+SHORT_CONFIG = PrefillConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+
+
 def default_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
     """The launch shape used when none is given (tuned on an H200; small in the interpreter,
     where a program's cost is its element count)."""
@@ -51,7 +56,9 @@ def default_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     if head_dim > 128 or dtype == torch.float32:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
-    return PrefillConfig()
+    # H200, bf16, D 128, GQA 4: 256 x 64 tiles, 8 warps, 2 stages was the best or within 3 %
+    # of the best of ten shapes on every prefill case (benchmarks/h200/prefill.json).
+    return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=2)
 
 
 @triton.jit
@@ -98,38 +105,47 @@ def attend_key_range(
         k = _load_kv(k_cache_ptr, row, offs_d, key_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
         if DOT_UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N], log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N] raw scores
         if MASKED:
             keep = key_ok[None, :]
             if CAUSAL:
                 keep = keep & (key[None, :] <= pos[:, None])
-            s = tl.where(keep, s, -1.0e30)  # finite: a row masked so far never makes NaN
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+            s = tl.where(keep, s * qk_scale, -1.0e30)  # finite: a fully masked row gives no NaN
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp2(s - m_new[:, None])
+        else:  # the scale goes inside the exponent: one fused multiply-add per score
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)  # qk_scale > 0
+            p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = _load_kv(v_cache_ptr, row, offs_d, key_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
         if DOT_UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # Rescale what we have, then let the tensor cores add p @ v into it (no second
+        # [BLOCK_M, HEAD_DIM] temporary).
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m = m_new
     return acc, m, l
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tiles", "stride_bt"])
 def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    query_start_loc_ptr, qk_scale, num_tiles,
+    query_start_loc_ptr, seq_ids_ptr, qk_scale, num_tiles,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kt, stride_kh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, USE_SEQ_IDS: tl.constexpr,
 ):
-    """Grid (num_tiles, num_kv_heads, batch): one tile of BLOCK_Q query tokens x GROUP heads."""
+    """Grid (num_tiles, num_kv_heads, sequences): one tile of BLOCK_Q query tokens x GROUP
+    heads. Sequence = program_id(2), or ``seq_ids[program_id(2)]`` when USE_SEQ_IDS (a launch
+    for a subset of the batch)."""
     tile = num_tiles - 1 - tl.program_id(0)  # the longest (last) tiles start first
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
+    if USE_SEQ_IDS:
+        b = tl.load(seq_ids_ptr + b)
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
     if tile * BLOCK_Q >= q_len:
@@ -186,20 +202,26 @@ def paged_prefill_triton(
     scale: float | None = None,
     causal: bool = True,
     max_query_len: int | None = None,
+    query_lens: list[int] | None = None,
     config: PrefillConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch :func:`paged_prefill_kernel`; inputs as in ``paged_prefill`` (already checked).
 
-    ``max_query_len`` (the most query rows of any sequence) sizes the grid; pass it to avoid a
-    read-back. ``out`` may be given to skip the allocation. Returns [T, Hq, D] in q's dtype.
+    ``max_query_len`` (the most query rows of any sequence) sizes the grid; pass it, or the
+    host list ``query_lens``, to avoid a read-back. With ``query_lens`` and no ``config``, a
+    batch that mixes decode-like sequences (a few query rows) with long ones is launched twice:
+    the short ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay
+    for a 128-row tile. ``out`` may be given to skip the allocation. Returns [T, Hq, D].
     """
     if q.stride(-1) != 1:
         q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
     batch = seq_lens.shape[0]
-    if max_query_len is None:
+    if query_lens is not None:
+        max_query_len = max(query_lens, default=0)
+    elif max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if batch else 0
     if q.shape[0] == 0 or max_query_len == 0:
         return out
@@ -208,22 +230,43 @@ def paged_prefill_triton(
     if _device.INTERPRET and q.dtype == torch.float16:
         # NumPy has no fast float16 matmul: the interpreter multiplies in float32 (as for bf16).
         consts.update(DOT_UPCAST=True, DOT_PRECISION="ieee")
+    if consts["qk_scale"] < 0:  # the kernel needs a positive scale: (-q).k * |scale|
+        q, consts["qk_scale"] = -q, -consts["qk_scale"]
+    args = (out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    short_rows = max(1, SHORT_CONFIG.block_m // consts["GROUP"])
+    if config is None and query_lens is not None:
+        short = [b for b, n in enumerate(query_lens) if 0 < n <= short_rows]
+        if max_query_len <= short_rows:  # decode-like rows only: one launch, small tiles
+            config = SHORT_CONFIG
+        elif short:
+            long_ = [b for b, n in enumerate(query_lens) if n > short_rows]
+            for subset, cfg in ((long_, default_config(q.shape[2], q.dtype)),
+                                (short, SHORT_CONFIG)):
+                ids = torch.tensor(subset, dtype=torch.int32).to(q.device, non_blocking=True)
+                _launch(args, ids, strides, consts, causal, cfg,
+                        max(query_lens[b] for b in subset), len(subset))
+            return out
     config = config or default_config(q.shape[2], q.dtype)
-    group = consts["GROUP"]
-    block_m = max(config.block_m, triton.next_power_of_2(group))
-    block_q = block_m // group
-    num_tiles = triton.cdiv(max_query_len, block_q)
-    grid = (num_tiles, k_cache.shape[2], batch)
-    paged_prefill_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        consts.pop("qk_scale"), num_tiles,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=config.block_n, CAUSAL=causal,
-        num_warps=config.num_warps, num_stages=config.num_stages, **consts,
-    )
+    _launch(args, None, strides, consts, causal, config, max_query_len, batch)
     return out
 
 
-__all__ = ["PrefillConfig", "attend_key_range", "default_config", "paged_prefill_kernel",
-           "paged_prefill_triton"]
+def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_seqs):
+    block_m = max(config.block_m, triton.next_power_of_2(consts["GROUP"]))
+    block_q = block_m // consts["GROUP"]
+    num_tiles = triton.cdiv(max_query_len, block_q)
+    k_cache = args[2]
+    grid = (num_tiles, k_cache.shape[2], num_seqs)
+    paged_prefill_kernel[grid](
+        *args, seq_ids, consts["qk_scale"], num_tiles, *strides,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=config.block_n, CAUSAL=causal,
+        USE_SEQ_IDS=seq_ids is not None, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **{k: v for k, v in consts.items() if k != "qk_scale"},
+    )
+
+
+__all__ = ["SHORT_CONFIG", "PrefillConfig", "attend_key_range", "default_config",
+           "paged_prefill_kernel", "paged_prefill_triton"]

@@ -84,3 +84,13 @@ def test_every_diagonal_offset():
                               block_size=3, seed=11)
     out = paged_prefill_triton(*inp.args(), config=PrefillConfig(16, block_n, 4, 1))
     assert_close(out, inp.reference(), name="diagonal offsets")
+
+
+def test_mixed_batch_two_launches():
+    """Given the host query lengths, decode-like rows go to a second launch with small tiles;
+    both launches write their own rows of one output."""
+    query_lens = [1, 40, 0, 2, 1, 23]
+    inp = make_prefill_inputs([30, 45, 9, 2, 1, 23], query_lens, num_q_heads=8,
+                              num_kv_heads=2, head_dim=32, block_size=8, seed=12, poison="nan")
+    out = paged_prefill_triton(*inp.args(), query_lens=query_lens)
+    assert_close(out, inp.reference(), name="mixed batch")
