@@ -48,6 +48,7 @@ import torch
 
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError, check_int
 from paged_ref.cache_math import blocks_needed, token_slots
+from paged_ref.host_tier import HostTier
 
 #: Largest token id the block hash accepts (ids are packed as signed 64-bit integers).
 MAX_TOKEN_ID = 2**63 - 1
@@ -66,6 +67,15 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: Iterable[int]) -> by
     digest = hashlib.sha256(b"root" if parent_hash is None else parent_hash)
     digest.update(array("q", token_ids).tobytes())
     return digest.digest()
+
+
+class BlockOps(NamedTuple):
+    """Block moves a step owes, in the order to perform them (before writing any K/V):
+    ``PagedKVCache.apply_block_ops(ops)`` runs them."""
+
+    swap_out: list[tuple[int, int]]  #: (device block, host slot): spill evicted cached blocks
+    swap_in: list[tuple[int, int]]  #: (host slot, device block): bring host hits back
+    copies: list[tuple[int, int]]  #: (src, dst) device blocks: copy-on-write
 
 
 class CachedBlock(NamedTuple):
@@ -94,6 +104,8 @@ class CacheStats:
     blocks_shared: int = 0  #: used blocks held by more than one sequence
     prefix_hit_tokens: int = 0  #: prompt tokens found in the prefix cache, over all lookups
     prefix_miss_tokens: int = 0  #: prompt tokens that had to be computed, over all lookups
+    prefix_host_hit_tokens: int = 0  #: of the hits, tokens copied back from the host tier
+    blocks_on_host: int = 0  #: evicted cached blocks kept in the host tier
 
     @property
     def slots_used(self) -> int:
@@ -123,17 +135,28 @@ class KVCacheManager:
         block_size: tokens per block.
         enable_prefix_caching: keep full blocks with known token ids findable by hash, so a
             later prompt with the same prefix reuses them (see the module docstring).
+        num_host_blocks: size of a host tier (prefix caching only; 0 = none): an evicted
+            cached block is spilled there and a later hit copies it back instead of
+            recomputing it. The caller then runs :meth:`take_block_ops` each step.
 
     ``seq_id`` may be any hashable value (an int or a str in the lessons).
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False
+        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+        num_host_blocks: int = 0,
     ) -> None:
         if not isinstance(enable_prefix_caching, bool):
             raise TypeError(
                 f"enable_prefix_caching must be a bool, got {type(enable_prefix_caching).__name__}"
             )
+        if check_int("num_host_blocks", num_host_blocks) and not enable_prefix_caching:
+            raise ValueError("num_host_blocks > 0 needs enable_prefix_caching=True")
+        self._host = HostTier(num_host_blocks) if num_host_blocks else None
+        self._host_info: dict[bytes, tuple[bytes | None, tuple[int, ...]]] = {}
+        self._swap_out: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
+        self._host_hit_tokens = 0
         self._allocator = BlockAllocator(num_blocks, block_size, on_evict=self._on_evict)
         self._prefix_caching = enable_prefix_caching
         self._tables: dict[Hashable, list[int]] = {}
@@ -238,19 +261,26 @@ class KVCacheManager:
             tokens = []  # every token id is known (there are none yet)
         hashes = self._chain(tokens)
         hit = self._lookup(hashes[: (num_tokens - 1) // bs]) if tokens else []
-        fresh = blocks_needed(num_tokens, bs) - len(hit)
-        available = self.num_free_blocks - sum(self._allocator.is_evictable(b) for b in hit)
+        shared = [b for b in hit if b is not None]  # on the device; None = on the host
+        fresh = blocks_needed(num_tokens, bs) - len(shared)
+        available = self.num_free_blocks - sum(self._allocator.is_evictable(b) for b in shared)
         if fresh > available:
             cached = f" ({len(hit) * bs} cached)" if hit else ""
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {fresh} blocks for {num_tokens} tokens{cached} "
                 f"but only {available} of {self.num_blocks} are free"
             )
-        for block_id in hit:
+        for block_id in shared:
             self._allocator.add_ref(block_id)  # revives an evictable block first
-        table = hit + [self._allocator.allocate() for _ in range(fresh)]
-        for j in range(len(hit), len(hashes)):
-            self._register(table[j], hashes[j], hashes[j - 1] if j else None, tokens, j)
+        from_host = {j: self._host.take(hashes[j]) for j, b in enumerate(hit) if b is None}
+        table = [self._allocator.allocate() if b is None else b for b in hit]
+        table += [self._allocator.allocate() for _ in range(fresh - len(from_host))]
+        for j, slot in from_host.items():
+            self._swap_in.append((slot, table[j]))
+            del self._host_info[hashes[j]]
+        for j in range(len(hashes)):
+            if j >= len(hit) or hit[j] is None:  # a fresh block, or one back from the host
+                self._register(table[j], hashes[j], hashes[j - 1] if j else None, tokens, j)
         self._tables[seq_id] = table
         self._lens[seq_id] = num_tokens
         if self._prefix_caching:
@@ -258,6 +288,7 @@ class KVCacheManager:
             self._hashes[seq_id] = hashes
         if self._prefix_caching and token_ids is not None:
             self._hit_tokens += len(hit) * bs
+            self._host_hit_tokens += len(from_host) * bs
             self._miss_tokens += num_tokens - len(hit) * bs
         return len(hit) * bs
 
@@ -374,8 +405,20 @@ class KVCacheManager:
         Perform them with ``PagedKVCache.copy_blocks(pairs)`` before this step writes any
         K/V (the writer's new token goes into ``dst`` after its old contents arrive).
         """
+        if self._swap_out or self._swap_in:
+            raise RuntimeError("host-tier moves are pending: call take_block_ops() instead")
         copies, self._copies = self._copies, []
         return copies
+
+    def take_block_ops(self) -> BlockOps:
+        """Every block move owed since the last call: spills to the host, copies back from
+        it, copy-on-writes. Run them with ``PagedKVCache.apply_block_ops(ops)``, in that
+        order, before this step writes any K/V (with a host tier, call this every step)."""
+        ops = BlockOps(self._swap_out, self._swap_in, self._copies)
+        self._swap_out, self._swap_in, self._copies = [], [], []
+        if self._host is not None:
+            self._host.release_reserved()
+        return ops
 
     def ref_count(self, block_id: int) -> int:
         """How many sequences hold ``block_id`` (0 if none: free or evictable)."""
@@ -449,6 +492,8 @@ class KVCacheManager:
             blocks_shared=sum(self._allocator.ref_count(b) > 1 for b in fill),
             prefix_hit_tokens=self._hit_tokens,
             prefix_miss_tokens=self._miss_tokens,
+            prefix_host_hit_tokens=self._host_hit_tokens,
+            blocks_on_host=0 if self._host is None else len(self._host),
         )
 
     def cached_blocks(self) -> list[CachedBlock]:
@@ -501,12 +546,13 @@ class KVCacheManager:
                                             tokens[j * bs:(j + 1) * bs]))
         return hashes
 
-    def _lookup(self, hashes: list[bytes]) -> list[int]:
-        """Blocks of the longest run of ``hashes`` (from the first) that are all cached."""
-        blocks = []
+    def _lookup(self, hashes: list[bytes]) -> list[int | None]:
+        """The longest run of ``hashes`` (from the first) that are all cached: per block, its
+        device block id, or None where it sits in the host tier."""
+        blocks: list[int | None] = []
         for block_hash in hashes:
             block_id = self._allocator.cached_block(block_hash)
-            if block_id is None:
+            if block_id is None and (self._host is None or block_hash not in self._host):
                 break
             blocks.append(block_id)
         return blocks
@@ -551,8 +597,18 @@ class KVCacheManager:
         return needed
 
     def _on_evict(self, block_id: int, block_hash: bytes) -> None:
-        """The allocator evicted ``block_id``: forget what it cached."""
-        del self._cached[block_hash]
+        """The allocator evicted ``block_id``: spill it to the host tier if there is one
+        (dropping the oldest spill when full), else forget what it cached."""
+        info = self._cached.pop(block_hash)
+        if self._host is None:
+            return
+        slot, dropped = self._host.put(block_hash)
+        if dropped is not None:
+            del self._host_info[dropped]
+            self._swap_out = [(b, s) for b, s in self._swap_out if s != slot]  # not yet run
+        if slot is not None:
+            self._swap_out.append((block_id, slot))
+            self._host_info[block_hash] = info
 
     def _table(self, seq_id: Hashable) -> list[int]:
         """The live table of ``seq_id``; ``ValueError`` naming the id if it is not held."""

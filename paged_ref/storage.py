@@ -33,6 +33,10 @@ class PagedKVCache:
         num_kv_heads, head_dim: per-token K/V shape.
         dtype: float16 (default), bfloat16 or float32.
         device: where the tensors live.
+        num_host_blocks: blocks of a host tier for the prefix cache's spills (0 = none):
+            ``host_kv``, ``[num_host_blocks, 2, num_layers, block_size, Hkv, D]`` in CPU memory
+            (each host block one contiguous piece: K and V of all layers), pinned when CUDA is
+            available, so each block crosses PCIe as one direct copy.
 
     The tensors start as zeros, so a slot never written reads as 0 (deterministic, easy to
     draw). Tests and lessons write fresh random K/V before reading anything.
@@ -49,6 +53,7 @@ class PagedKVCache:
         *,
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
+        num_host_blocks: int = 0,
     ) -> None:
         num_layers = self.num_layers = check_int("num_layers", num_layers, minimum=1)
         num_blocks = self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
@@ -65,6 +70,10 @@ class PagedKVCache:
         self.k_caches: list[torch.Tensor] = list(self.kv[0].unbind(0))
         self.v_caches: list[torch.Tensor] = list(self.kv[1].unbind(0))
         self.device = self.kv.device  # "cuda" resolved to "cuda:0"
+        self.num_host_blocks = check_int("num_host_blocks", num_host_blocks)
+        self.host_kv = torch.zeros(
+            (self.num_host_blocks, 2, num_layers, block_size, num_kv_heads, head_dim),
+            dtype=dtype, pin_memory=torch.cuda.is_available() and self.num_host_blocks > 0)
 
     @property
     def num_slots(self) -> int:
@@ -163,29 +172,65 @@ class PagedKVCache:
             ValueError: an id outside ``[0, num_blocks)``, a pair copying a block onto
                 itself, or two pairs writing the same ``dst``. Nothing is copied then.
         """
+        src, dst = self._pairs(pairs, self.num_blocks, self.num_blocks, same_pool=True)
+        if src:
+            self.kv[:, :, self._index(dst)] = self.kv[:, :, self._index(src)]
+
+    def swap_out(self, pairs) -> None:
+        """Copy device block ``src`` to host slot ``dst`` for each ``(src, dst)``, every layer's
+        K and V (a spill of an evicted cached block). Same checks as :meth:`copy_blocks`."""
+        src, dst = self._pairs(pairs, self.num_blocks, self.num_host_blocks)
+        if src:  # one gather on the device, then one contiguous copy per block
+            staged = self.kv[:, :, self._index(src)].permute(2, 0, 1, 3, 4, 5).contiguous()
+            for i, slot in enumerate(dst):
+                self.host_kv[slot].copy_(staged[i], non_blocking=True)
+
+    def swap_in(self, pairs) -> None:
+        """Copy host slot ``src`` to device block ``dst`` for each ``(src, dst)``, every layer's
+        K and V (a prefix-cache hit in the host tier). Same checks as :meth:`copy_blocks`."""
+        src, dst = self._pairs(pairs, self.num_host_blocks, self.num_blocks)
+        if src:  # one contiguous copy per block into a staging buffer, then one scatter
+            staged = torch.empty((len(src), *self.host_kv.shape[1:]), dtype=self.dtype,
+                                 device=self.device)
+            for i, slot in enumerate(src):
+                staged[i].copy_(self.host_kv[slot], non_blocking=True)
+            self.kv[:, :, self._index(dst)] = staged.permute(1, 2, 0, 3, 4, 5)
+
+    def apply_block_ops(self, ops) -> None:
+        """Run what ``KVCacheManager.take_block_ops()`` returned: spills to the host, copies
+        back from it, then copy-on-writes (that order: a spilled block may be reused as the
+        destination of the others)."""
+        self.swap_out(ops.swap_out)
+        self.swap_in(ops.swap_in)
+        self.copy_blocks(ops.copies)
+
+    # ---- argument checks
+
+    def _index(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _pairs(pairs, num_src: int, num_dst: int, *, same_pool: bool = False):
+        """Checked ``(src, dst)`` pairs as two lists of ids."""
         if not isinstance(pairs, (list, tuple)):
             raise TypeError(f"pairs must be a list of (src, dst) pairs, got {type(pairs).__name__}")
         src, dst = [], []
         for i, pair in enumerate(pairs):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise TypeError(f"pairs[{i}] must be a (src, dst) pair, got {pair!r}")
-            for name, block_id, out in (("src", pair[0], src), ("dst", pair[1], dst)):
+            for name, block_id, out, limit in (("src", pair[0], src, num_src),
+                                               ("dst", pair[1], dst, num_dst)):
                 block_id = check_int(f"pairs[{i}] {name}", block_id)
-                if block_id >= self.num_blocks:
-                    raise ValueError(f"pairs[{i}] {name} = {block_id} is outside "
-                                     f"[0, num_blocks={self.num_blocks})")
+                if block_id >= limit:
+                    raise ValueError(f"pairs[{i}] {name} = {block_id} is outside [0, {limit})")
                 out.append(block_id)
-            if src[-1] == dst[-1]:
+            if same_pool and src[-1] == dst[-1]:
                 raise ValueError(f"pairs[{i}] copies block {src[-1]} onto itself")
         if len(set(dst)) != len(dst):
             raise ValueError(f"pairs writes a destination block twice: {list(pairs)!r}")
-        if not pairs:
-            return
-        src_t = torch.tensor(src, dtype=torch.long, device=self.device)
-        dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
-        self.kv[:, :, dst_t] = self.kv[:, :, src_t]
+        return src, dst
 
-    # ---- argument checks --------------------------------------------------------------------
+    # ---- checks of single arguments -----------------------------------------------------
 
     def _check_layer(self, layer) -> None:
         check_int("layer", layer, minimum=None)

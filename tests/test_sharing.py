@@ -18,7 +18,8 @@ def snapshot(m: KVCacheManager):
         a.evictable_blocks(),
         {s: (m.block_table(s), m.seq_len(s)) for s in m.seq_ids},
         m.stats(),
-        list(m._copies),
+        list(m._copies), list(m._swap_out), list(m._swap_in),
+        None if m._host is None else m._host.hashes(),
     )
 
 
@@ -306,3 +307,50 @@ def test_bad_copy_blocks_raises_and_copies_nothing(pairs, error, text):
     with pytest.raises(error, match=text):
         cache.copy_blocks(pairs)
     assert torch.equal(cache.kv, before)
+
+
+# ---- the host tier -----------------------------------------------------------------------
+
+
+def test_evicted_block_spills_to_the_host_and_comes_back_on_a_hit():
+    gen = torch.Generator().manual_seed(1)
+    m = KVCacheManager(3, 2, enable_prefix_caching=True, num_host_blocks=2)
+    cache = PagedKVCache(2, 3, 2, 1, 4, dtype=torch.float32, num_host_blocks=2)
+    assert m.add_sequence("a", token_ids=[1, 2, 3]) == 0  # blocks 0 (cached), 1
+    k = torch.randn(3, 1, 4, generator=gen)
+    for layer in range(2):
+        cache.write(layer, k + layer, -k, m.slot_mapping("a"))
+    m.free_sequence("a")
+    m.add_sequence("b", 6)  # needs all 3 blocks: evicts block 0 -> host slot 0
+    ops = m.take_block_ops()
+    assert ops.swap_out == [(0, 0)] and ops.swap_in == [] and ops.copies == []
+    cache.apply_block_ops(ops)
+    assert m.stats().blocks_on_host == 1 and m.allocator.num_cached_blocks == 0
+    cache.write(0, torch.full((6, 1, 4), 7.0), torch.full((6, 1, 4), 7.0), m.slot_mapping("b"))
+    m.free_sequence("b")
+    assert m.add_sequence("c", token_ids=[1, 2, 9]) == 2  # a hit, from the host
+    ops = m.take_block_ops()
+    assert ops.swap_in == [(0, m.block_table("c")[0])]
+    cache.apply_block_ops(ops)
+    for layer in range(2):
+        k_c, v_c = cache.gather(layer, m.block_table("c"), 2)
+        assert torch.equal(k_c, k[:2] + layer) and torch.equal(v_c, -k[:2])
+    st = m.stats()
+    assert (st.prefix_hit_tokens, st.prefix_host_hit_tokens, st.blocks_on_host) == (2, 2, 0)
+
+
+def test_take_copies_refuses_while_host_moves_are_pending():
+    m = KVCacheManager(1, 2, enable_prefix_caching=True, num_host_blocks=1)
+    m.add_sequence("a", token_ids=[1, 2])
+    m.free_sequence("a")
+    m.add_sequence("b", 1)  # evicts and spills
+    with pytest.raises(RuntimeError, match="take_block_ops"):
+        m.take_copies()
+    assert m.take_block_ops().swap_out == [(0, 0)]
+
+
+def test_host_tier_needs_prefix_caching():
+    with pytest.raises(ValueError, match="num_host_blocks > 0 needs enable_prefix_caching"):
+        KVCacheManager(4, 2, num_host_blocks=2)
+    with pytest.raises(ValueError, match="num_host_blocks must be >= 0"):
+        KVCacheManager(4, 2, enable_prefix_caching=True, num_host_blocks=-1)
