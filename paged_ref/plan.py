@@ -92,7 +92,7 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
             device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET)):
         return "torch", None
     from paged_ref.kernels.triton_split import (
-        CHUNK_TILE,
+        FUSED_MERGE_MAX_CHUNKS,
         SplitPlan,
         num_multiprocessors,
         plan_split,
@@ -104,7 +104,7 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
         return "triton", None
     num_chunks = cdiv(max(max_seq_len or 0, max_len), split.chunk_size)
     return "triton_split", SplitPlan(split.chunk_size, num_chunks,
-                                     fused_merge=num_chunks <= CHUNK_TILE)
+                                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS)
 
 
 def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.device, *,

@@ -11,6 +11,15 @@ from paged_ref.course.checks import assert_close
 from paged_ref.course.testing import make_paged_inputs, ragged_lengths
 from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 
+# The input-layout tests of tests/test_inputs.py, compiled (they pick "cuda" when it exists;
+# collected here again so that this file alone is the GPU run).
+from tests.test_inputs import (  # noqa: F401
+    test_any_strides_give_the_right_answer,
+    test_minus_inf_keys_agree_with_torch,
+    test_no_blocks_at_all,
+    test_stride_zero_expanded_inputs,
+)
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 BACKENDS = ["triton", "triton_split", "auto"]
@@ -38,13 +47,15 @@ def test_gpu_matches_float64_reference(backend, case, poison):
     assert_close(out, inp.reference(), name=f"{backend} case {case}")
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused_merge"])
 @pytest.mark.parametrize("num_chunks", [1, 2, 7, 64, 300])
-def test_gpu_split_any_chunking(num_chunks):
+def test_gpu_split_any_chunking(num_chunks, fused):
     lens = [1, 700, 4097, 20000]
     inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=num_chunks)
     chunk = -(-max(lens) // num_chunks)
-    out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk, -(-max(lens) // chunk)))
+    plan = SplitPlan(chunk, -(-max(lens) // chunk), fused_merge=fused)
+    out = paged_attention_split(*inp.args(), plan=plan)
     assert_close(out, inp.reference(), name=f"split into {num_chunks}")
 
 
@@ -87,9 +98,9 @@ def test_gpu_value_checks(table_width):
 
 
 # --------------------------------------------------------------------------- plan once, run many
-# Lengths that make dispatch pick each kernel on 132 SMs: one pass, split with the merge fused
-# into the split kernel (<= 16 chunks), split with a separate merge kernel (> 16 chunks).
-PLANNED = {"one_pass": [512] * 64, "split_fused": [2048] * 4, "split_merge": [40000],
+# Lengths that make dispatch pick each kernel on 132 SMs: one pass, a split into 8 chunks, a
+# split into 63 chunks, a ragged batch.
+PLANNED = {"one_pass": [512] * 64, "split_short": [2048] * 4, "split_long": [40000],
            "ragged": ragged_lengths(12, 1, 9000, seed=3)}
 GPU_SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
 
@@ -109,8 +120,7 @@ def test_gpu_dispatch_picks_each_kernel():
         plan = _planned(name)[1]
         kinds[name] = (plan.backend, plan.split and plan.split.fused_merge)
     assert kinds["one_pass"] == ("triton", None)
-    assert kinds["split_fused"] == ("triton_split", True)
-    assert kinds["split_merge"] == ("triton_split", False)
+    assert kinds["split_short"][0] == kinds["split_long"][0] == "triton_split"
 
 
 @pytest.mark.parametrize("name", list(PLANNED))
@@ -128,8 +138,8 @@ def test_gpu_planned_call_does_not_sync(name):
 
 
 @pytest.mark.parametrize("name", list(PLANNED))
-def test_gpu_fused_merge_is_right_every_time(name):
-    """The atomic-counter merge, 20 launches in a row: right, identical, counters back to 0."""
+def test_gpu_planned_calls_repeat_identically(name):
+    """20 planned launches in a row: right, identical, merge counters back to 0."""
     inp, plan = _planned(name)
     outs = [paged_ref.paged_attention(*inp.args(), plan=plan) for _ in range(20)]
     assert_close(outs[0], inp.reference(), name=name)
