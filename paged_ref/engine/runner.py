@@ -71,12 +71,13 @@ class ModelRunner:
             model can back several runners.
         num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
             block more, the padding rows' scratch block.
+        num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
         attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, *,
+    def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_num_seqs: int = 256, max_model_len: int = 4096) -> None:
         cfg = model.config
@@ -93,7 +94,7 @@ class ModelRunner:
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
                                   self.num_kv_heads, self.head_dim, dtype=self.dtype,
-                                  device=self.device)
+                                  device=self.device, num_host_blocks=num_host_blocks)
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
