@@ -36,6 +36,9 @@ SHAPES = {
     "llama-3.2-1b-like": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                               num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                               vocab_size=128256, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                 rope_theta=10000.0),  # for CPU tests
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                          vocab_size=49152, rope_theta=100000.0),
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--static-batch", type=int, default=64)
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--shapes", default="llama-3.2-1b-like,smollm2-135m")
     p.add_argument("--systems", default="engine,static_generate,generate_batch")
     p.add_argument("--budgets", default="4096,8192,16384,32768")
     p.add_argument("--sweep-requests", type=int, default=128)

@@ -207,15 +207,21 @@ class ModelRunner:
                                       self.g_slots[:b], attend)
                 self.g_tokens[:b] = self.greedy(hidden)
 
-            with torch.inference_mode():
-                step()  # warm up (Triton compiles, cuBLAS picks kernels) outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    step()
+            graph = self._capture_one(step, pool)
             pool = graph.pool() if pool is None else pool
             self.graphs[b] = graph
+
+    @staticmethod
+    @torch.inference_mode()
+    def _capture_one(step, pool):
+        """Run ``step`` once (Triton compiles, cuBLAS picks kernels), then capture it."""
+        step()
         torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            step()
+        torch.cuda.synchronize()
+        return graph
 
     def _replay(self, step: StepInputs) -> torch.Tensor:
         """Copy the step into the static buffers, replay the bucket's graph; tokens ``[bucket]``."""
