@@ -44,7 +44,7 @@ def hf_greedy(model, prompt, n):
 def case(tiny):
     prompts, outputs = workload(12, tiny.config.vocab_size, seed=3, prompt_mean=20,
                                 output_mean=10, max_len=40)
-    return prompts, outputs, [hf_greedy(tiny, p, n) for p, n in zip(prompts, outputs)]
+    return prompts, outputs, [hf_greedy(tiny, p, n) for p, n in zip(prompts, outputs, strict=True)]
 
 
 @pytest.mark.parametrize("config", [
