@@ -80,6 +80,12 @@ def workload(n: int, vocab: int, seed: int = 0, prompt_mean: float = 161,
     return prompts, outputs
 
 
+def sync() -> None:
+    """Wait for the GPU (no-op on a CPU, where these functions also run for tests)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def weight_bytes(model) -> int:
     """Bytes a decode step reads of the weights: every parameter once (tied embeddings: the
     LM head reads the whole matrix; the embedding lookup reads only the batch's rows)."""
@@ -95,7 +101,7 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
     engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
                     max_num_seqs=max_num_seqs, **kw)
     engine.generate(prompts[:8], 4, ignore_eos=True)  # warm-up: Triton and cuBLAS
-    torch.cuda.synchronize()
+    sync()
     engine.generate(prompts, max_new, ignore_eos=True)
     s = engine.stats
     return engine, {"output_tok_s": s.output_tokens_per_s, "seconds": s.seconds,
@@ -108,24 +114,24 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
 
 def run_static(model, prompts, max_new: int, batch_size: int):
     """transformers ``generate`` in static batches (left-padded), every request to ``max_new``."""
-    model.generate(torch.ones(2, 8, dtype=torch.long, device="cuda"), max_new_tokens=4,
+    model.generate(torch.ones(2, 8, dtype=torch.long, device=model.device), max_new_tokens=4,
                    min_new_tokens=4, do_sample=False)  # warm-up
-    torch.cuda.synchronize()
+    sync()
     start, ttft, tokens = time.perf_counter(), [], 0
     for i in range(0, len(prompts), batch_size):
         batch = prompts[i:i + batch_size]
         width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device="cuda")
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
-                            device="cuda")
+                            device=model.device)
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
-        torch.cuda.synchronize()
+        sync()
         ttft += [t0 - start + time.perf_counter() - t0] * len(batch)  # batch start + prefill
         out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new,
                              min_new_tokens=max_new, do_sample=False)
         tokens += (out.shape[1] - width) * len(batch)
-    torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - start
     return {"output_tok_s": tokens / seconds, "seconds": seconds, "output_tokens": tokens,
             "mean_ttft_s": sum(ttft) / len(ttft), "max_requests_held": batch_size,
@@ -140,7 +146,7 @@ def run_generate_batch(model, prompts, max_new: int):
     cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=None,
                            pad_token_id=0)
     model.generate_batch(inputs=prompts[:8], generation_config=cfg, progress_bar=False)
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     results = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False)
     seconds = time.perf_counter() - start
