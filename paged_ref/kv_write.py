@@ -81,10 +81,10 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, backend: str = "auto") -> 
     if backend == "auto":
         backend = "triton" if choose_prefill_backend(k) == "triton" else "torch"
     if backend == "triton":
-        from paged_ref.attention import _check_triton_usable
         from paged_ref.kernels.triton_store import write_kv_triton
+        from paged_ref.plan import check_backend_usable
 
-        _check_triton_usable(backend, k)
+        check_backend_usable(backend, k.device)
         write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
     else:
         write_kv_torch(k, v, k_cache, v_cache, slot_mapping)

@@ -253,10 +253,10 @@ def paged_prefill(
         return prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
                                        query_start_loc, scale=scale, causal=causal,
                                        lengths=lengths)
-    from paged_ref.attention import _check_triton_usable
     from paged_ref.kernels.triton_prefill import paged_prefill_triton
+    from paged_ref.plan import check_backend_usable
 
-    _check_triton_usable(backend, q)
+    check_backend_usable(backend, q.device)
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                 scale=scale, causal=causal, query_lens=lengths.query_lens)
 

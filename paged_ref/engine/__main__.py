@@ -45,22 +45,27 @@ def main(argv=None) -> int:
         turns.append({"role": "user", "content": text})
         prompts.append(list(tokenizer.apply_chat_template(turns, add_generation_prompt=True,
                                                           tokenize=True, return_dict=False)))
-    stream = len(prompts) == 1 and sys.stdout.isatty()
+    stream = len(prompts) == 1
     streamed: list[int] = []
+    shown = [""]
 
-    def show(event):
+    def show(event):  # print each new piece of the answer as its token arrives
         if 0 in event.new_tokens:
             streamed.append(event.new_tokens[0])
             text = tokenizer.decode(streamed, skip_special_tokens=True)
-            print(f"\rassistant> {text}", end="", flush=True)
+            print(text[len(shown[0]):], end="", flush=True)
+            shown[0] = text
 
+    for text in args.prompt:
+        print(f"user> {text}")
+    if stream:
+        print("assistant> ", end="", flush=True)
     outputs = engine.generate(prompts, args.max_new_tokens, on_step=show if stream else None)
-    for text, out in zip(args.prompt, outputs, strict=False):
-        if stream:
-            print()
-        else:
-            print(f"user> {text}")
-            print(f"assistant> {tokenizer.decode(out, skip_special_tokens=True).strip()}\n")
+    if stream:
+        print()
+    else:
+        for text, out in zip(args.prompt, outputs, strict=True):
+            print(f"\n[{text}]\nassistant> {tokenizer.decode(out, skip_special_tokens=True)}")
     if args.stats:
         s = engine.stats
         print(f"[load {loaded:.1f} s; {s.output_tokens} tokens in {s.seconds:.2f} s "

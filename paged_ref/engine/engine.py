@@ -128,6 +128,7 @@ class Engine:
                                    preemption_mode=preemption_mode)
         self.scheduler = Scheduler(num_blocks, block_size, **self.scheduler_args)
         self.runner = ModelRunner(model, num_blocks, block_size,
+                                  num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -192,7 +193,7 @@ class Engine:
         t0 = time.perf_counter()
         sched = self.scheduler
         out = sched.schedule()
-        ops.copy_blocks(self.runner.cache, out.copies)
+        ops.apply_block_ops(self.runner.cache, out.block_ops)
         step = self._layout(out)
         tokens = self.runner.execute(step)
         new_tokens = {out.chunks[b].request.req_id: t

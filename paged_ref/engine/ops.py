@@ -27,9 +27,12 @@ from paged_ref.prefill import paged_prefill
 from paged_ref.storage import PagedKVCache
 
 
-def new_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> KVCacheManager:
-    """The block manager: one block table per request over a pool of ``num_blocks`` blocks."""
-    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+def new_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                num_host_blocks: int = 0) -> KVCacheManager:
+    """The block manager: one block table per request over a pool of ``num_blocks`` blocks;
+    with ``num_host_blocks``, evicted cached blocks spill to a host (CPU) tier of that size."""
+    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+                          num_host_blocks=num_host_blocks)
 
 
 def prefix_caching_supported() -> bool:
@@ -52,15 +55,16 @@ def append_slot(manager: KVCacheManager, seq_id: Hashable, token_id: int) -> int
     return manager.append_slot(seq_id, token_id)
 
 
-def take_copies(manager: KVCacheManager) -> list[tuple[int, int]]:
-    """Block copies ``(src, dst)`` owed by copy-on-write since the last call."""
-    return manager.take_copies()
+def take_block_ops(manager: KVCacheManager):
+    """Block moves owed since the last call: spills to the host tier, copies back from it,
+    copy-on-writes (a ``BlockOps``)."""
+    return manager.take_block_ops()
 
 
-def copy_blocks(cache: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
-    """Copy every layer's K and V of block ``src`` into block ``dst``, for each pair."""
-    if pairs:
-        cache.copy_blocks(pairs)
+def apply_block_ops(cache: PagedKVCache, block_ops) -> None:
+    """Perform ``block_ops`` on the K/V tensors, before the step writes any K/V."""
+    if block_ops.swap_out or block_ops.swap_in or block_ops.copies:
+        cache.apply_block_ops(block_ops)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -70,12 +71,13 @@ class ModelRunner:
             model can back several runners.
         num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
             block more, the padding rows' scratch block.
+        num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
         attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, *,
+    def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_num_seqs: int = 256, max_model_len: int = 4096) -> None:
         cfg = model.config
@@ -92,7 +94,7 @@ class ModelRunner:
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
                                   self.num_kv_heads, self.head_dim, dtype=self.dtype,
-                                  device=self.device)
+                                  device=self.device, num_host_blocks=num_host_blocks)
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -205,30 +207,37 @@ class ModelRunner:
                                       self.g_slots[:b], attend)
                 self.g_tokens[:b] = self.greedy(hidden)
 
-            with torch.inference_mode():
-                step()  # warm up (Triton compiles, cuBLAS picks kernels) outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    step()
+            graph = self._capture_one(step, pool)
             pool = graph.pool() if pool is None else pool
             self.graphs[b] = graph
+
+    @staticmethod
+    @torch.inference_mode()
+    def _capture_one(step, pool):
+        """Run ``step`` once (Triton compiles, cuBLAS picks kernels), then capture it."""
+        step()
         torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            step()
+        torch.cuda.synchronize()
+        return graph
 
     def _replay(self, step: StepInputs) -> torch.Tensor:
         """Copy the step into the static buffers, replay the bucket's graph; tokens ``[bucket]``."""
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
-        width = self.max_blocks_per_seq
-        rows = [t + [0] * (width - len(t)) for t in step.block_tables] + [[0] * width] * pad
+        width = max(len(t) for t in step.block_tables)
+        tables = np.zeros((bucket, width), dtype=np.int32)  # padding rows: length 0, never read
+        for row, table in enumerate(step.block_tables):
+            tables[row, : len(table)] = table
         host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
                              step.slot_mapping + [self.scratch_slot] * pad], dtype=torch.long)
-        self.g_input_ids[:bucket].copy_(host[0], non_blocking=True)
-        self.g_positions[:bucket].copy_(host[1], non_blocking=True)
-        self.g_slots[:bucket].copy_(host[2], non_blocking=True)
-        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad,
-                                                    dtype=torch.int32), non_blocking=True)
-        self.g_tables[:bucket].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        self.g_input_ids[:bucket].copy_(host[0])
+        self.g_positions[:bucket].copy_(host[1])
+        self.g_slots[:bucket].copy_(host[2])
+        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
+        self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
         self.graphs[bucket].replay()
         return self.g_tokens[:bucket]

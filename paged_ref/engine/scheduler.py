@@ -18,9 +18,12 @@ Slots are taken when a chunk is scheduled (``append_slot`` with the token id, wh
 prefix cache's hash) and the chunk is computed in the same step, so a block that the prefix
 cache can return always holds computed K/V by the time anyone reads it.
 
-Preemption modes: ``"recompute"`` frees the victim's blocks (it starts over from its tokens;
-prefix caching makes that cheaper); ``"swap"`` copies them to the CPU tier first and brings
-them back before the victim runs again.
+Preemption modes: ``"recompute"`` frees the victim's blocks; it is admitted again later and
+computes its tokens so far once more (with prefix caching, its full blocks may still be cached
+on the device: those are hits, not recomputed). ``"swap"`` adds a host (CPU) tier of as many
+blocks as the pool: cached blocks that are evicted spill there instead of being lost, and a
+hit on them copies them back -- so a preempted request's full blocks come back by copy, and
+only its last, partial block is recomputed.
 """
 
 from __future__ import annotations
@@ -63,9 +66,7 @@ class SchedulerOutput:
     chunks: list[Chunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  #: (device block, host block)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  #: (host block, device block)
-    copies: list[tuple[int, int]] = field(default_factory=list)  #: copy-on-write (src, dst)
+    block_ops: object = None  #: spills to / copies back from the host tier, copy-on-writes
     cached_tokens: int = 0  #: prompt tokens found in the prefix cache this step
 
     @property
@@ -99,7 +100,12 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
-        self.manager = ops.new_manager(num_blocks, block_size, enable_prefix_caching)
+        if preemption_mode == "swap" and not enable_prefix_caching:
+            raise ValueError("preemption_mode='swap' needs enable_prefix_caching=True (a "
+                             "preempted request's blocks come back as prefix-cache hits)")
+        self.num_host_blocks = num_blocks if preemption_mode == "swap" else 0
+        self.manager = ops.new_manager(num_blocks, block_size, enable_prefix_caching,
+                                       self.num_host_blocks)
         self.admit = admit
         self.choose_victim = choose_victim
         self.waiting: deque[Request] = deque()
@@ -135,7 +141,7 @@ class Scheduler:
                 i += 1
         if not out.preempted:
             self._admit(budget, out)
-        out.copies = ops.take_copies(self.manager)
+        out.block_ops = ops.take_block_ops(self.manager)
         return out
 
     def update(self, out: SchedulerOutput, new_tokens: dict[int, int],

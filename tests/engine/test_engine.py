@@ -33,11 +33,21 @@ QUESTIONS = [
     "You are a helpful assistant. A user asks: how do operating systems use pages of "
     "virtual memory, and what problem does that solve? Answer in two sentences.",
 ]
-NEW_TOKENS = 10
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: the suite runs two test processes on two cores (and a small model's
+    matmuls gain nothing from a second thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(one_thread):
     torch.manual_seed(0)
     return load_smollm2()
 
@@ -89,18 +99,18 @@ def test_greedy_tokens_equal_transformers(smollm2, prompts, expected, config):
 
 def test_ignore_eos_runs_to_max_new_tokens(smollm2, prompts, expected):
     model, _ = smollm2
-    got = Engine(model, num_blocks=64).generate(prompts[:2], NEW_TOKENS, ignore_eos=True)
-    assert [len(g) for g in got] == [NEW_TOKENS] * 2
-    assert got[0] == expected[0]
+    got = Engine(model, num_blocks=64).generate(prompts[1:2], NEW_TOKENS, ignore_eos=True)
+    assert len(got[0]) == NEW_TOKENS and got[0][: len(expected[1])] == expected[1]
 
 
 def test_repeated_calls_and_two_engines_on_one_model(smollm2, prompts, expected):
     model, _ = smollm2
     a = Engine(model, num_blocks=64)
     b = Engine(model, num_blocks=32, block_size=8, enable_prefix_caching=False)
-    assert a.generate(prompts[:3], NEW_TOKENS) == expected[:3]
-    assert b.generate(prompts[3:5], NEW_TOKENS) == expected[3:5]
-    assert a.generate(prompts[:3], NEW_TOKENS) == expected[:3]  # again (prefix cache warm)
+    assert a.generate(prompts[:2], NEW_TOKENS) == expected[:2]
+    assert b.generate(prompts[2:4], NEW_TOKENS) == expected[2:4]
+    assert a.generate(prompts[:2], NEW_TOKENS) == expected[:2]  # again (prefix cache warm)
+    assert a.stats.cached_tokens > 0
     assert a.generate([prompts[0]], 0) == [[]]
 
 
@@ -113,8 +123,8 @@ def test_triton_backend(smollm2, prompts, expected):
 def test_step_events(smollm2, prompts):
     model, _ = smollm2
     events = []
-    engine = Engine(model, num_blocks=16, max_num_batched_tokens=64)
-    out = engine.generate(prompts[:4], 4, ignore_eos=True, on_step=events.append)
+    engine = Engine(model, num_blocks=12, max_num_batched_tokens=64)
+    out = engine.generate(prompts[:4], 3, ignore_eos=True, on_step=events.append)
     assert events[0].admitted and events[0].num_tokens <= 64
     assert sorted(i for e in events for i in e.finished) == [0, 1, 2, 3]
     streamed = {i: [] for i in range(4)}
@@ -156,5 +166,5 @@ def test_a_request_that_fits_only_alone_completes(smollm2, prompts, expected):
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     need = -(-(len(prompts[longest]) + NEW_TOKENS - 1) // 16)
     engine = Engine(model, num_blocks=need, max_num_batched_tokens=64)
-    got = engine.generate([prompts[0], prompts[longest], prompts[1]], NEW_TOKENS)
-    assert got == [expected[0], expected[longest], expected[1]]
+    got = engine.generate([prompts[0], prompts[longest]], NEW_TOKENS)
+    assert got == [expected[0], expected[longest]]

@@ -68,11 +68,14 @@ def check_invariants(scheduler: Scheduler, out) -> None:
     (9, 8, 16, 4),  # chunked prefill (budget below the prompt lengths) and preemption
     (60, 1, 7, 3),  # block size 1, odd budget
 ])
-def test_every_request_gets_its_tokens(num_blocks, block_size, budget, max_seqs):
+@pytest.mark.parametrize("caching,mode", [(False, "recompute"), (True, "recompute"),
+                                          (True, "swap")])
+def test_every_request_gets_its_tokens(num_blocks, block_size, budget, max_seqs, caching, mode):
     requests = make_requests(seed=num_blocks, n=10)
     s = Scheduler(num_blocks, block_size, max_num_seqs=max_seqs,
-                  max_num_batched_tokens=budget, enable_prefix_caching=False)
-    steps = run(s, requests, check=check_invariants)
+                  max_num_batched_tokens=budget, enable_prefix_caching=caching,
+                  preemption_mode=mode)
+    steps = run(s, requests, check=None if caching else check_invariants)
     for r in requests:
         assert r.status is Status.FINISHED
         assert r.output == expected(r)[: len(r.output)]
@@ -130,3 +133,14 @@ def test_bad_arguments():
         Scheduler(4, 4, preemption_mode="drop")
     with pytest.raises(ValueError, match="max_num_seqs"):
         Scheduler(4, 4, max_num_seqs=0)
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        Scheduler(4, 4, preemption_mode="swap", enable_prefix_caching=False)
+
+
+def test_swap_brings_preempted_blocks_back_from_the_host_tier():
+    requests = make_requests(seed=3, n=10, max_prompt=30, max_new=20)
+    s = Scheduler(12, 4, max_num_batched_tokens=64, preemption_mode="swap")
+    steps = run(s, requests)
+    assert sum(len(o.preempted) for o in steps) > 0
+    assert sum(len(o.block_ops.swap_in) for o in steps) > 0
+    assert all(r.output == expected(r) for r in requests)

@@ -9,5 +9,5 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/engine_gpu.log"
 python3 -c "import transformers, torch, triton; print('transformers', transformers.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/engine_gpu.log"
-timeout 150 python3 -m pytest tests/engine/test_engine_gpu.py -q -s -o addopts= -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/engine_gpu.log"
-timeout 330 python3 -m paged_ref.bench --suite engine --out "$OUT" "$@" 2>&1 | tee "$OUT/engine_bench.log" | tail -40
+timeout 110 python3 -m pytest tests/engine/test_engine_gpu.py -q -s -o addopts= -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/engine_gpu.log"
+timeout 270 python3 -m paged_ref.bench --suite engine --out "$OUT" "$@" 2>&1 | tee "$OUT/engine_bench.log" | tail -40
