@@ -101,7 +101,8 @@ class ModelRunner:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs:
-            self._capture(graph_buckets(max_num_seqs))
+            with torch.cuda.device(self.device):  # capture on the model's GPU, whichever
+                self._capture(graph_buckets(max_num_seqs))  # device is current
 
     # ---- the forward pass -------------------------------------------------------------------
 
@@ -142,8 +143,9 @@ class ModelRunner:
             return []
         batch = len(step.seq_lens)
         if step.is_decode and self.graphs and batch <= max(self.graphs):
-            return self._replay(step)[: batch][step.sample_rows].tolist() if step.sample_rows \
-                else []
+            with torch.cuda.device(self.device):  # replay on the GPU the graphs belong to
+                tokens = self._replay(step)
+            return tokens[: batch][step.sample_rows].tolist() if step.sample_rows else []
         dev = self.device
 
         def as_tensor(values, dtype):
