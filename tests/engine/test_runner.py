@@ -42,7 +42,7 @@ def hf_greedy(model, prompt, n):
 
 @pytest.fixture(scope="module")
 def case(tiny):
-    prompts, outputs = workload(12, tiny.config.vocab_size, seed=3, prompt_mean=20,
+    prompts, outputs = workload(8, tiny.config.vocab_size, seed=3, prompt_mean=20,
                                 output_mean=10, max_len=40)
     return prompts, outputs, [hf_greedy(tiny, p, n) for p, n in zip(prompts, outputs, strict=True)]
 
