@@ -115,8 +115,6 @@ class Engine:
                             f".model.layers and .lm_head), got {type(model).__name__}")
         num_blocks = check_int("num_blocks", num_blocks, minimum=1)
         block_size = check_int("block_size", block_size, minimum=1)
-        if enable_prefix_caching and not ops.prefix_caching_supported():
-            enable_prefix_caching = False
         self.model = model
         self.vocab_size = model.config.vocab_size
         context = getattr(model.config, "max_position_embeddings", None) or 1 << 30

@@ -35,11 +35,6 @@ def new_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool,
                           num_host_blocks=num_host_blocks)
 
 
-def prefix_caching_supported() -> bool:
-    """Whether this ``KVCacheManager`` can share cached prompt blocks between requests."""
-    return True
-
-
 def add_sequence(manager: KVCacheManager, seq_id: Hashable, token_ids: Sequence[int]) -> int:
     """Give ``seq_id`` blocks for all of ``token_ids`` (all or nothing).
 

@@ -42,7 +42,7 @@ def hf_greedy(model, prompt, n):
 
 @pytest.fixture(scope="module")
 def case(tiny):
-    prompts, outputs = workload(12, tiny.config.vocab_size, seed=3, prompt_mean=20,
+    prompts, outputs = workload(8, tiny.config.vocab_size, seed=3, prompt_mean=20,
                                 output_mean=10, max_len=40)
     return prompts, outputs, [hf_greedy(tiny, p, n) for p, n in zip(prompts, outputs, strict=True)]
 
@@ -79,3 +79,19 @@ def test_graph_buckets():
     assert graph_buckets(256)[:6] == [1, 2, 4, 8, 16, 32] and graph_buckets(256)[-1] == 256
     assert graph_buckets(5) == [1, 2, 4, 5]
     assert graph_buckets(1) == [1]
+
+
+def test_step_recorder_draws_the_block_tables(tiny, case):
+    from paged_ref.course.engine_view import StepRecorder, describe
+
+    prompts, outputs, _ = case
+    rec = StepRecorder()
+    Engine(tiny, num_blocks=12, block_size=4, max_num_batched_tokens=24).generate(
+        prompts, outputs, ignore_eos=True, on_step=rec)
+    rows = rec.table()
+    assert len(rows) == len(rec.events) and rows[0]["admitted"]
+    assert any(e.preempted for e in rec.events) and "preempted" in describe(
+        next(e for e in rec.events if e.preempted))
+    fig = rec.figure(1)
+    gids = {a.get_gid() for ax in fig.axes for a in ax.patches if a.get_gid()}
+    assert any(g.startswith("pool:") for g in gids) and any(g.startswith("logical:") for g in gids)
