@@ -10,14 +10,19 @@ from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.manager import KVCacheManager
+from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.storage import PagedKVCache
 
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
     "KVCacheManager",
+    "KVFormat",
     "OutOfBlocksError",
     "PagedKVCache",
+    "QuantizedKV",
+    "dequantize",
     "paged_attention",
+    "quantize",
 ]
 __version__ = "0.1.0"

@@ -13,6 +13,11 @@ token order through its block table (what the reference attention does).
     cache = PagedKVCache(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16)
     cache.write(0, k, v, manager.slot_mapping("a"))       # k, v: [tokens, 2, 16]
     k_a, v_a = cache.gather(0, manager.block_table("a"), manager.seq_len("a"))
+
+With ``kv_format="fp8"`` / ``"fp8_token_head"`` / ``"int4"`` (see :mod:`paged_ref.quant`) each
+layer's K and V are :class:`~paged_ref.QuantizedKV` (codes + scales): ``write`` quantises the
+tokens as they enter, ``gather`` de-quantises, and ``layer`` returns the pair that
+``paged_attention`` takes as it is.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from paged_ref.allocator import check_int
 from paged_ref.cache_math import blocks_needed, token_slots
+from paged_ref.quant import KVFormat, QuantizedKV, check_tensor_scale, quantize
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -31,8 +37,13 @@ class PagedKVCache:
         num_layers: transformer layers (one K and one V tensor each).
         num_blocks, block_size: the pool's shape, as in :class:`paged_ref.KVCacheManager`.
         num_kv_heads, head_dim: per-token K/V shape.
-        dtype: float16 (default), bfloat16 or float32.
+        dtype: float16 (default), bfloat16 or float32: the dtype of the K/V that ``write``
+            takes, ``gather`` returns and ``q`` has.
         device: where the tensors live.
+        kv_format: None (store ``dtype`` values) or a quantised format: ``"fp8"``,
+            ``"fp8_token_head"``, ``"int4"``, ``"int4_g32"``... or a :class:`KVFormat`.
+        k_scale, v_scale: fp8 per tensor only: each layer's K and V scale (floats; as vLLM,
+            default 1.0; calibrate as ``amax / 448``). Values beyond ``448 * scale`` saturate.
 
     The tensors start as zeros, so a slot never written reads as 0 (deterministic, easy to
     draw). Tests and lessons write fresh random K/V before reading anything.
@@ -49,6 +60,9 @@ class PagedKVCache:
         *,
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
+        kv_format: str | KVFormat | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         num_layers = self.num_layers = check_int("num_layers", num_layers, minimum=1)
         num_blocks = self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
@@ -58,14 +72,24 @@ class PagedKVCache:
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
+        self.kv_format = None if kv_format is None else KVFormat.parse(kv_format)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.v_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.device = self.k_caches[0].device  # "cuda" resolved to "cuda:0"
+        if self.kv_format is None:
+            self.k_caches: list = [torch.zeros(shape, dtype=dtype, device=device)
+                                   for _ in range(num_layers)]
+            self.v_caches: list = [torch.zeros(shape, dtype=dtype, device=device)
+                                   for _ in range(num_layers)]
+        else:
+            self.kv_format.check_head_dim(head_dim)
+            if self.kv_format.scale_per != "tensor" and (k_scale != 1.0 or v_scale != 1.0):
+                raise ValueError(f"k_scale/v_scale are for fp8 per tensor only; "
+                                 f"{self.kv_format.name} computes its scales as it writes")
+            scales = (check_tensor_scale(k_scale, device, "k_scale"),
+                      check_tensor_scale(v_scale, device, "v_scale"))
+            zeros = torch.zeros(shape, dtype=dtype, device=device)
+            self.k_caches, self.v_caches = (
+                [self._quantize(zeros, s) for _ in range(num_layers)] for s in scales)
+        self.device = self._parts(self.k_caches[0])[0].device  # "cuda" resolved to "cuda:0"
 
     @property
     def num_slots(self) -> int:
@@ -75,17 +99,23 @@ class PagedKVCache:
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers, K and V:
-        ``2 * num_layers * num_kv_heads * head_dim * element_size``."""
+        ``2 * num_layers * num_kv_heads * head_dim * element_size``.
+        Quantised: ``2 * num_layers * num_kv_heads * kv_format.bytes_per_token_head``
+        (codes and per-token scales; a per-tensor scale is not counted)."""
+        if self.kv_format is not None:
+            per_head = self.kv_format.bytes_per_token_head(self.head_dim)
+            return int(2 * self.num_layers * self.num_kv_heads * per_head)
         element = self.k_caches[0].element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all K and V tensors: ``num_slots * bytes_per_token``."""
-        return sum(t.nbytes for t in self.k_caches + self.v_caches)
+        """Bytes of all K and V tensors (codes and scales when quantised)."""
+        return sum(t.nbytes for c in self.k_caches + self.v_caches for t in self._parts(c))
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``."""
+    def layer(self, layer: int) -> tuple:
+        """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``
+        (tensors, or :class:`~paged_ref.QuantizedKV` when the cache is quantised)."""
         self._check_layer(layer)
         return self.k_caches[layer], self.v_caches[layer]
 
@@ -93,7 +123,8 @@ class PagedKVCache:
         """Store token ``i``'s K and V in slot ``slot_mapping[i]`` of ``layer``.
 
         Args:
-            k, v: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype and device.
+            k, v: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype and device;
+                quantised on the way in when the cache has a ``kv_format``.
             slot_mapping: ``num_tokens`` distinct slots in ``[0, num_blocks * block_size)``,
                 a list of ints or a 1-D integer tensor.
 
@@ -116,9 +147,14 @@ class PagedKVCache:
         if v.shape != k.shape:
             raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
         slots = self._slots(slot_mapping, k.shape[0])
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        k_cache.view(self.num_slots, self.num_kv_heads, self.head_dim)[slots] = k
-        v_cache.view(self.num_slots, self.num_kv_heads, self.head_dim)[slots] = v
+        for cache, new in ((self.k_caches[layer], k), (self.v_caches[layer], v)):
+            if isinstance(cache, QuantizedKV):
+                new_parts = self._quantize(new, cache.scale).tensors()
+            else:
+                new_parts = (new,)
+            for part, values in zip(self._parts(cache), new_parts, strict=True):
+                if part.dim() > 0:  # (a per-tensor scale stays as it is)
+                    part.flatten(0, 1)[slots] = values
 
     def gather(
         self, layer: int, block_table, seq_len: int
@@ -131,7 +167,8 @@ class PagedKVCache:
             seq_len: tokens to read.
 
         Returns:
-            k, v: ``[seq_len, num_kv_heads, head_dim]`` in the cache's dtype.
+            k, v: ``[seq_len, num_kv_heads, head_dim]`` in the cache's dtype (de-quantised
+            when the cache is quantised).
         """
         self._check_layer(layer)
         seq_len = check_int("seq_len", seq_len)
@@ -150,8 +187,24 @@ class PagedKVCache:
         slots = torch.tensor(
             token_slots(table, seq_len, self.block_size), dtype=torch.long, device=self.device
         )
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        return k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]
+        return tuple(self._rows(c, slots) for c in (self.k_caches[layer], self.v_caches[layer]))
+
+    # ---- quantised storage ------------------------------------------------------------------
+
+    def _quantize(self, values: torch.Tensor, tensor_scale: torch.Tensor) -> QuantizedKV:
+        """``values`` in the cache's format (fp8 per tensor uses the layer's fixed scale)."""
+        scale = tensor_scale if self.kv_format.scale_per == "tensor" else None
+        return quantize(values, self.kv_format, scale=scale)
+
+    @staticmethod
+    def _parts(cache) -> tuple[torch.Tensor, ...]:
+        return cache.tensors() if isinstance(cache, QuantizedKV) else (cache,)
+
+    def _rows(self, cache, slots: torch.Tensor) -> torch.Tensor:
+        """Rows ``slots`` of a layer's cache, in the cache's dtype."""
+        if isinstance(cache, QuantizedKV):
+            return cache.take_slots(slots).dequantize(self.dtype)
+        return cache.flatten(0, 1)[slots]
 
     # ---- argument checks --------------------------------------------------------------------
 
@@ -201,5 +254,6 @@ class PagedKVCache:
         return (
             f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
             f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device})"
+            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}"
+            + (f", kv_format={self.kv_format.name!r})" if self.kv_format else ")")
         )

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_ref.reference import paged_attention_reference
+from paged_ref.quant import KVFormat, QuantizedKV, quantize
+from paged_ref.reference import gather_kv, paged_attention_reference
 
 #: Values written into cache slots that no sequence owns: a kernel that reads them gives
 #: visibly wrong numbers ("large") or NaN ("nan").
@@ -46,9 +47,29 @@ class PagedInputs:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of K and V that a decode step must read: every cached token, both caches."""
-        per_token = 2 * self.k_cache.shape[2] * self.k_cache.shape[3] * self.k_cache.element_size()
-        return int(self.seq_lens.sum().item()) * per_token
+        """Bytes of K and V that a decode step must read: every cached token, both caches
+        (codes and per-token scales for a quantised cache)."""
+        _, _, num_kv_heads, head_dim = self.k_cache.shape
+        if isinstance(self.k_cache, QuantizedKV):
+            per_head = self.k_cache.format.bytes_per_token_head(head_dim)
+        else:
+            per_head = head_dim * self.k_cache.element_size()
+        return int(self.seq_lens.sum().item() * 2 * num_kv_heads * per_head)
+
+    def quantized(self, kv_format: str | KVFormat) -> PagedInputs:
+        """The same inputs with K and V stored in ``kv_format`` (q unchanged). An fp8
+        per-tensor scale is ``amax / 448`` of the cached tokens (unused slots ignored)."""
+        fmt = KVFormat.parse(kv_format)
+        caches = []
+        for cache in (self.k_cache, self.v_cache):
+            scale = None
+            if fmt.scale_per == "tensor":
+                max_len = int(self.seq_lens.max()) if self.seq_lens.numel() else 0
+                k, _, valid = gather_kv(cache, cache, self.block_tables, self.seq_lens, max_len)
+                amax = k[valid].abs().amax() if valid.any() else torch.tensor(0.0)
+                scale = float(amax) / 448.0 if amax > 0 else 1.0
+            caches.append(quantize(cache, fmt, scale=scale))
+        return PagedInputs(self.q, caches[0], caches[1], self.block_tables, self.seq_lens)
 
 
 def make_paged_inputs(
