@@ -80,6 +80,9 @@ def paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=lengths.max_len
         )
     _check_triton_usable(backend, q)
+    from paged_ref.kernels.kv_formats import check_kernel_format
+
+    check_kernel_format(k_cache)
     if backend == "triton":
         from paged_ref.kernels.triton_decode import paged_attention_triton
 

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_ref.kernels.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
@@ -112,10 +113,12 @@ def split_kv_kernel(
     part_lse_ptr,  # [batch, num_q_heads, num_chunks] fp32, log2-sum-exp of each chunk
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale, chunk_size,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
     num_q_heads, num_chunks,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence."""
     b = tl.program_id(0)
@@ -133,6 +136,8 @@ def split_kv_kernel(
             q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
             start, end, qk_scale, stride_kb, stride_kt, stride_kh,
             BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+            k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+            KV_FORMAT, INT4_GROUPS,
         )
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -225,13 +230,15 @@ def paged_attention_split(
                            dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, num_q_heads, plan.num_chunks,
                            dtype=torch.float32, device=q.device)
+    (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
-        part_out, part_lse, q, k_cache, v_cache, block_tables, seq_lens, qk_scale,
+        part_out, part_lse, q, k_data, v_data, block_tables, seq_lens, qk_scale,
         plan.chunk_size,
         q.stride(0), q.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         num_q_heads, plan.num_chunks,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
+        **formats,
     )
     merge_kernel[(batch, num_q_heads)](
         out, part_out, part_lse, seq_lens, plan.chunk_size,
