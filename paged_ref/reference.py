@@ -31,9 +31,9 @@ def paged_attention_reference(
 
     q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D];
     block_tables [B, max_blocks] int; seq_lens [B] int.
-    Returns float64 [B, Hq, D] on the CPU; rows with ``seq_len == 0`` are zeros.
-    A :class:`~paged_ref.QuantizedKV` cache is de-quantised first (the answer for the values
-    it stands for).
+    Returns float64 [B, Hq, D] on the CPU; rows with ``seq_len == 0``, or whose every key
+    scores ``-inf``, are zeros. A :class:`~paged_ref.QuantizedKV` cache is de-quantised first
+    (the answer for the values it stands for).
     """
     if isinstance(k_cache, QuantizedKV):
         k_cache, v_cache = k_cache.dequantize(), v_cache.dequantize()
@@ -54,8 +54,10 @@ def paged_attention_reference(
             kv_head = h // group
             k = k_flat[slots, kv_head]  # [n, D]
             v = v_flat[slots, kv_head]
-            p = torch.softmax((k @ q64[b, h]) * scale, dim=0)  # [n]
-            out[b, h] = p @ v
+            scores = (k @ q64[b, h]) * scale  # [n]
+            if (scores == float("-inf")).all():
+                continue  # every key scores -inf: no weight anywhere, zeros (as an empty row)
+            out[b, h] = torch.softmax(scores, dim=0) @ v
     return out
 
 
@@ -111,10 +113,11 @@ def contiguous_attention(
     qg = q.to(acc).view(batch, num_kv_heads, group, head_dim)
     scores = torch.einsum("bhgd,bthd->bhgt", qg, k.to(acc)) * scale  # [B, Hkv, G, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    # softmax of an all -inf row is NaN: give empty rows weight 0 instead (only those rows, so
-    # a NaN in a real token still shows up in the output rather than being zeroed).
+    # softmax of an all -inf row is NaN: give such rows (empty ones, or ones whose every key
+    # scores -inf) weight 0 instead, as the Triton kernels do. Only those rows: a NaN in a real
+    # token still shows up in the output rather than being zeroed.
     probs = torch.softmax(scores, dim=-1)
-    probs = torch.where(valid.any(dim=-1)[:, None, None, None], probs, 0.0)
+    probs = torch.where((scores == float("-inf")).all(dim=-1, keepdim=True), 0.0, probs)
     v = torch.where(valid[:, :, None, None], v.to(acc), 0.0)  # unused slots may hold NaN
     out = torch.einsum("bhgt,bthd->bhgd", probs, v)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from paged_ref.quant import QuantizedKV, check_quantized_pair
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Largest ``abs(scale)`` accepted. Scores are float32; a scale far beyond any model's
+#: (``head_dim ** -0.5`` is ~0.09; temperature-like scales stay below ~100) overflows them to
+#: inf for ordinary inputs (scale=1e38 with |q.k| >= 4), and softmax of inf is NaN. So a
+#: larger scale is a ValueError, never a silent NaN.
+MAX_ABS_SCALE = 1e4
 #: Block tables up to this many entries (4 MiB) are checked on the host after one copy.
 HOST_CHECK_MAX_ENTRIES = 1 << 20
 
@@ -91,13 +97,40 @@ def check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> Sha
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (call .contiguous())")
 
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-        if not (float(scale) == float(scale) and abs(float(scale)) != float("inf")):
-            raise ValueError(f"scale must be finite, got {scale}")
+    check_scale(scale)
     return Shapes(batch, num_q_heads, num_kv_heads, head_dim, num_blocks, block_size,
                   block_tables.shape[1])
+
+
+def check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """A new output like ``q``, or ``out`` after checking it can take the result."""
+    if out is None:
+        return torch.empty_like(q)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device} like q, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError("out must have stride 1 in its last dimension (head_dim)")
+    return out
+
+
+def check_scale(scale) -> None:
+    """``scale`` is None or a finite number with ``abs(scale) <= MAX_ABS_SCALE``."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    try:
+        value = float(scale)
+    except OverflowError:  # an int too large for a float, e.g. 10**400
+        raise ValueError(f"scale must be finite, got an int of {len(str(scale))} digits") from None
+    if value != value or abs(value) == float("inf"):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if abs(value) > MAX_ABS_SCALE:
+        raise ValueError(f"scale must satisfy abs(scale) <= {MAX_ABS_SCALE:g} (larger ones "
+                         f"overflow the float32 scores to inf, then NaN), got {scale}")
 
 
 @dataclass(frozen=True)
@@ -111,40 +144,53 @@ class Lengths:
 def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
     """Lengths and used table entries; returns the longest and total length.
 
-    Reads values back from the device once (one sync): small tables are copied to the host and
-    checked there; large ones are reduced on the device to one small tensor. Only when a check
-    fails is the offending entry looked up for the message.
+    Reads values back from the device once (one sync). Tables up to ``HOST_CHECK_MAX_ENTRIES``
+    entries go to the host in one copy and are checked there with NumPy (a few microseconds;
+    a dozen tiny torch ops cost ten times that); larger ones are reduced on the device to one
+    small tensor. Either way the checks see the tensors' logical values (any strides).
     """
     if shapes.batch == 0:
         return Lengths(0, 0)
-    if seq_lens.is_cuda and block_tables.numel() <= HOST_CHECK_MAX_ENTRIES:
-        # One copy to the host, then the checks there: a few CPU ops cost less than a
-        # dozen tiny GPU launches. (Large tables stay on the device.)
-        packed = torch.cat([seq_lens, block_tables.flatten()]).cpu()
-        seq_lens, block_tables = packed[: shapes.batch], packed[shapes.batch :].view(
-            shapes.batch, shapes.max_blocks_per_seq)
+    if block_tables.numel() <= HOST_CHECK_MAX_ENTRIES:
+        if seq_lens.is_cuda:  # one copy to the host for both tensors
+            packed = torch.cat([seq_lens, block_tables.flatten()]).cpu().numpy()
+            lens, table = packed[: shapes.batch], packed[shapes.batch :]
+        else:
+            lens, table = seq_lens.numpy(), block_tables.numpy()
+        table = table.reshape(shapes.batch, shapes.max_blocks_per_seq)
+        used = np.arange(shapes.max_blocks_per_seq) * shapes.block_size < lens[:, None]
+        bad = used & ((table < 0) | (table >= shapes.num_blocks))
+        lens64 = lens.astype(np.int64)
+        return _lengths_or_raise(int(lens64.min()), int(lens64.max()), int(lens64.sum()),
+                                 bool(bad.any()), lens, table, bad, shapes)
     first_token = torch.arange(0, shapes.max_blocks_per_seq * shapes.block_size,
                                shapes.block_size, device=seq_lens.device)
     used = first_token[None, :] < seq_lens[:, None]  # [B, max_blocks]: block j holds tokens
-    outside = block_tables.clamp(0, shapes.num_blocks - 1) != block_tables
-    bad_entries = (used & outside).sum()
-    shortest, longest, total, bad = torch.stack(
-        [seq_lens.min().long(), seq_lens.max().long(), seq_lens.sum(), bad_entries]
+    bad = used & ((block_tables < 0) | (block_tables >= shapes.num_blocks))
+    shortest, longest, total, num_bad = torch.stack(
+        [seq_lens.min().long(), seq_lens.max().long(), seq_lens.sum(), bad.sum()]
     ).tolist()
+    return _lengths_or_raise(shortest, longest, total, num_bad > 0, seq_lens, block_tables, bad,
+                             shapes)
+
+
+def _lengths_or_raise(shortest, longest, total, any_bad, lens, table, bad, shapes) -> Lengths:
+    """The error for the first failed check (looking up the offending entry), else Lengths."""
     capacity = shapes.max_blocks_per_seq * shapes.block_size
     if shortest < 0:
-        b = int((seq_lens < 0).nonzero()[0])
-        raise ValueError(f"seq_lens[{b}] = {int(seq_lens[b])} is negative")
+        b = int((lens < 0).nonzero()[0][0])
+        raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is negative")
     if longest > capacity:
-        b = int((seq_lens > capacity).nonzero()[0])
+        b = int((lens > capacity).nonzero()[0][0])
         raise ValueError(
-            f"seq_lens[{b}] = {int(seq_lens[b])} needs more blocks than block_tables holds "
+            f"seq_lens[{b}] = {int(lens[b])} needs more blocks than block_tables holds "
             f"({shapes.max_blocks_per_seq} blocks x block_size {shapes.block_size} = {capacity})"
         )
-    if bad:
-        b, j = (int(i) for i in (used & outside).nonzero()[0])
+    if any_bad:
+        bad = bad.cpu().numpy() if isinstance(bad, torch.Tensor) else bad
+        b, j = (int(i) for i in np.argwhere(bad)[0])
         raise ValueError(
-            f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is outside [0, num_blocks="
-            f"{shapes.num_blocks}) but sequence {b} uses it (seq_lens[{b}] = {int(seq_lens[b])})"
+            f"block_tables[{b}, {j}] = {int(table[b, j])} is outside [0, num_blocks="
+            f"{shapes.num_blocks}) but sequence {b} uses it (seq_lens[{b}] = {int(lens[b])})"
         )
     return Lengths(int(longest), int(total))

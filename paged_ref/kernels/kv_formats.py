@@ -149,8 +149,9 @@ def attend_tokens_int4(
         scores += q_high_sum[:, None] * z_high[None, :]
         scores = tl.where(t_mask[None, :], scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: add nothing
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         packed = tl.load(v_cache_ptr + row[:, None] + offs_h[None, :], mask=t_mask[:, None],
                          other=0)

@@ -11,7 +11,16 @@ The token loop lives in :func:`attend_tokens`, which the split-KV kernel
 (:mod:`paged_ref.kernels.triton_split`) reuses on a chunk of the sequence.
 
 Scores are kept in base 2 (``exp2``), so the softmax's running max and the log-sum-exp that
-the split kernel writes are in log2 units.
+the split kernel writes are in log2 units. A tile whose every score is ``-inf`` (a key of
+``-inf``) adds nothing: the running max is taken as 0 while it is still ``-inf``, so no
+``exp2(-inf - -inf)`` (NaN) ever happens; a sequence whose every score is ``-inf`` gives zeros,
+as an empty one does (the torch backend agrees).
+
+Strides: the wrappers pass the strides of every dimension but the last; ``q``, ``out``,
+``block_tables`` and ``seq_lens`` must have a unit stride in their last dimension
+(:func:`unit_last_stride` makes a copy otherwise: they are small). Lengths are clamped to
+``max_seq_len`` (the table's capacity, or a plan's bound), so the kernels never read a table
+entry past the ones the checks saw.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from paged_ref.kernels.kv_formats import (
     attend_tokens_int4,
     kv_kernel_args,
 )
+from paged_ref.validation import check_out
 
 LOG2E = 1.4426950408889634
 
@@ -115,8 +125,9 @@ def attend_tokens(
         scores = tl.where(t_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, TILE]
         # Online softmax: rescale what we have by 2^(m_old - m_new), then add this tile.
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: add nothing
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = v.to(q.dtype)
@@ -149,6 +160,7 @@ def load_group_queries(
 @triton.jit
 def paged_decode_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
+    max_seq_len,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, stride_kb, stride_kt, stride_kh,
     k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -159,7 +171,7 @@ def paged_decode_kernel(
     """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
     q = load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh,
                            GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD)
     if DOT_UPCAST:
@@ -178,6 +190,13 @@ def paged_decode_kernel(
     mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
     ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension has stride 1 (other strides, even 0, are passed to
+    the kernels), else a contiguous copy. A copy is one small launch, and CUDA graphs capture it
+    like any other kernel (so a graph replays it from the caller's tensor)."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def launch_constants(q: torch.Tensor, k_cache, scale: float | None) -> dict:
@@ -217,23 +236,27 @@ def paged_attention_triton(
     scale: float | None = None,
     config: KernelConfig | None = None,
     out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Launch :func:`paged_decode_kernel`. Inputs as in ``paged_attention`` (already checked).
 
     Returns [batch, num_q_heads, head_dim] in q's dtype. ``out`` may be given to skip the
-    allocation (the benchmark does).
+    allocation (the benchmark and planned calls do). Lengths are clamped to ``max_seq_len``
+    (default: what the table holds, ``max_blocks_per_seq * block_size``).
     """
     config = config or KernelConfig()
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    if out is None:
-        out = torch.empty_like(q)
+    out = check_out(out, q)
     if batch == 0:
         return out
+    q, block_tables, seq_lens = (unit_last_stride(t) for t in (q, block_tables, seq_lens))
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     consts = launch_constants(q, k_cache, scale)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     paged_decode_kernel[(batch, num_kv_heads)](
-        out, q, k_data, v_data, block_tables, seq_lens, consts.pop("qk_scale"),
+        out, q, k_data, v_data, block_tables, seq_lens, consts.pop("qk_scale"), max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
@@ -242,4 +265,5 @@ def paged_attention_triton(
     return out
 
 
-__all__ = ["KernelConfig", "attend_tokens", "paged_attention_triton", "paged_decode_kernel"]
+__all__ = ["KernelConfig", "attend_tokens", "check_out", "paged_attention_triton",
+           "paged_decode_kernel", "unit_last_stride"]

@@ -7,8 +7,11 @@ into chunks of ``chunk_size`` tokens and runs one program per (sequence, KV head
 * stage 1 (:func:`split_kv_kernel`): each program runs the online softmax of
   :func:`paged_ref.kernels.triton_decode.attend_tokens` over its chunk and writes the
   normalised partial output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
-* stage 2 (:func:`merge_kernel`): ``out = sum_c w_c o_c`` with
-  ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``.
+* stage 2 (:func:`merge_head`): ``out = sum_c w_c o_c`` with
+  ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``; done by a second kernel
+  (:func:`merge_kernel`), or, when a sequence has at most ``CHUNK_TILE`` chunks, inside the
+  split kernel by the last program of each (sequence, KV head) to finish: one launch, which is
+  what small batches need (launch latency, not bandwidth, bounds them).
 
 :func:`plan_split` picks ``chunk_size`` from the batch, the KV heads, the lengths and the
 number of multiprocessors; it depends only on those numbers, so the result is deterministic.
@@ -28,9 +31,11 @@ from paged_ref.kernels.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
+    check_out,
     launch_constants,
     load_group_queries,
     paged_attention_triton,
+    unit_last_stride,
 )
 from paged_ref.validation import Lengths
 
@@ -40,15 +45,23 @@ PROGRAMS_PER_SM = 4
 IMBALANCE = 1.5
 #: Never split finer than this many tokens: each chunk costs a partial write and a merge read.
 MIN_CHUNK = 256
+#: Chunks merged per step; plans with at most this many chunks merge inside the split kernel.
+CHUNK_TILE = 16
 
 
 @dataclass(frozen=True)
 class SplitPlan:
     """How the sequences are cut: ``num_chunks`` chunks of ``chunk_size`` tokens (the last
-    chunk of a sequence may be short; chunks past a sequence's end do nothing)."""
+    chunk of a sequence may be short; chunks past a sequence's end do nothing).
+
+    ``fused_merge``: the last program to finish a (sequence, KV head) merges its chunks itself
+    (an atomic counter tells it that it is last), so the whole call is one launch; only for
+    ``num_chunks <= CHUNK_TILE`` (one tile of chunks per head). Otherwise a second kernel
+    merges."""
 
     chunk_size: int
     num_chunks: int
+    fused_merge: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,7 +109,8 @@ def plan_split(
     num_chunks = math.ceil(max_len / chunk)
     if num_chunks == 1:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
-    return SplitPlan(chunk_size=chunk, num_chunks=num_chunks)
+    return SplitPlan(chunk_size=chunk, num_chunks=num_chunks,
+                     fused_merge=num_chunks <= CHUNK_TILE)
 
 
 def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
@@ -108,23 +122,74 @@ def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) ->
 
 
 @triton.jit
+def merge_head(
+    out_ptr, part_out_ptr, part_lse_ptr, b, h, used, stride_ob, stride_oh, num_q_heads,
+    num_chunks, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
+):
+    """out[b, h] = sum_c 2^(lse_c - lse) o_c over chunks c < ``used`` (zeros when none).
+
+    Two passes over the chunks, CHUNK_TILE at a time: the largest lse, then the weighted sum
+    (weights relative to the largest, so 2^x never overflows; all ``-inf`` adds nothing).
+    Partials are loaded with ``.cg`` (L2, not L1): other programs wrote them.
+    """
+    offs_c = tl.arange(0, CHUNK_TILE)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    row = (b * num_q_heads + h) * num_chunks
+    lane_max = tl.full([CHUNK_TILE], float("-inf"), dtype=tl.float32)
+    for c0 in range(0, used, CHUNK_TILE):
+        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c0 + offs_c < used,
+                      other=float("-inf"), cache_modifier=".cg")
+        lane_max = tl.maximum(lane_max, lse)
+    lse_max = tl.max(lane_max, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.zeros([CHUNK_TILE], dtype=tl.float32)
+    acc = tl.zeros([CHUNK_TILE, HEAD_DIM_PAD], dtype=tl.float32)
+    for c0 in range(0, used, CHUNK_TILE):
+        c_mask = c0 + offs_c < used
+        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c_mask, other=float("-inf"),
+                      cache_modifier=".cg")
+        w = tl.where(c_mask, tl.exp2(lse - lse_max), 0.0)
+        parts = tl.load(
+            part_out_ptr + (row + c0 + offs_c)[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :],
+            mask=c_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
+        )
+        acc += parts * w[:, None]
+        total += w
+    denom = tl.sum(total, axis=0)
+    out = tl.sum(acc, axis=0) / tl.where(denom > 0, denom, 1.0)  # empty sequence -> zeros
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=d_mask)
+
+
+@triton.jit
 def split_kv_kernel(
     part_out_ptr,  # [batch, num_q_heads, num_chunks, HEAD_DIM] fp32, normalised partial outputs
     part_lse_ptr,  # [batch, num_q_heads, num_chunks] fp32, log2-sum-exp of each chunk
+    counter_ptr,  # [batch, num_kv_heads] int32, zero between launches (FUSED_MERGE only)
+    out_ptr,  # [batch, num_q_heads, HEAD_DIM] (FUSED_MERGE only)
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale, chunk_size,
-    stride_qb, stride_qh, stride_bt, stride_kb, stride_kt, stride_kh,
+    max_seq_len, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+    stride_kb, stride_kt, stride_kh,
     k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
     num_q_heads, num_chunks,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, CHUNK_TILE: tl.constexpr,
     KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
-    """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence."""
+    """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence.
+
+    With FUSED_MERGE, each program that wrote a chunk adds 1 to its (sequence, KV head)
+    counter; the one that sees ``used - 1`` (the last to finish) merges the group's heads and
+    resets the counter to 0 for the next launch. An empty sequence is written (zeros) by chunk 0.
+    """
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     c = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
     start = c * chunk_size
     if start < seq_len:  # chunks past the end of this sequence have nothing to do
         end = tl.minimum(start + chunk_size, seq_len)
@@ -144,53 +209,59 @@ def split_kv_kernel(
         heads = kv_head * GROUP + offs_g
         g_mask = offs_g < GROUP
         row = (b * num_q_heads + heads) * num_chunks + c  # [GROUP_PAD] index into part_lse
-        tl.store(part_lse_ptr + row, m + tl.log2(l), mask=g_mask)
+        tl.store(part_lse_ptr + row, m + tl.log2(l), mask=g_mask)  # -inf when l == 0
         ptrs = part_out_ptr + row[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
-        tl.store(ptrs, acc / l[:, None], mask=g_mask[:, None] & (offs_d < HEAD_DIM)[None, :])
+        o = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(ptrs, o, mask=g_mask[:, None] & (offs_d < HEAD_DIM)[None, :])
+        if FUSED_MERGE:
+            tl.debug_barrier()  # every thread's partial stores come before the release below
+            counter = counter_ptr + b * tl.num_programs(1) + kv_head
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == used - 1:  # the last chunk of this group to finish: merge
+                for g in tl.static_range(GROUP):
+                    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g,
+                               used, stride_ob, stride_oh, num_q_heads, num_chunks,
+                               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+                tl.store(counter, 0)
+    elif FUSED_MERGE and c == 0:  # empty sequence: zeros
+        for g in tl.static_range(GROUP):
+            merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
+                       stride_ob, stride_oh, num_q_heads, num_chunks,
+                       HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @triton.jit
 def merge_kernel(
-    out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr, chunk_size,
+    out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr, chunk_size, max_seq_len,
     stride_ob, stride_oh, num_q_heads, num_chunks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
-    """Grid (batch, num_q_heads): out = sum_c 2^(lse_c - lse) o_c over the sequence's chunks.
-
-    Two passes over the sequence's chunks, CHUNK_TILE at a time: the largest lse, then the
-    weighted sum (weights relative to the largest, so 2^x never overflows).
-    """
+    """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`)."""
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
-    used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
-    offs_c = tl.arange(0, CHUNK_TILE)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_mask = offs_d < HEAD_DIM
-    row = (b * num_q_heads + h) * num_chunks
-    lane_max = tl.full([CHUNK_TILE], float("-inf"), dtype=tl.float32)
-    for c0 in range(0, used, CHUNK_TILE):
-        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c0 + offs_c < used,
-                      other=float("-inf"))
-        lane_max = tl.maximum(lane_max, lse)
-    lse_max = tl.max(lane_max, axis=0)
-    total = tl.zeros([CHUNK_TILE], dtype=tl.float32)
-    acc = tl.zeros([CHUNK_TILE, HEAD_DIM_PAD], dtype=tl.float32)
-    for c0 in range(0, used, CHUNK_TILE):
-        c_mask = c0 + offs_c < used
-        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c_mask, other=float("-inf"))
-        w = tl.where(c_mask, tl.exp2(lse - lse_max), 0.0)
-        parts = tl.load(
-            part_out_ptr + (row + c0 + offs_c)[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :],
-            mask=c_mask[:, None] & d_mask[None, :],
-            other=0.0,
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
+               tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
+               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+
+
+@dataclass
+class SplitScratch:
+    """Buffers a split launch writes: partial outputs and log-sum-exps, and the fused merge's
+    counters (zeros; each launch leaves them zero). A plan allocates them once."""
+
+    part_out: torch.Tensor  # [batch, num_q_heads, num_chunks, head_dim] float32
+    part_lse: torch.Tensor  # [batch, num_q_heads, num_chunks] float32
+    counters: torch.Tensor  # [batch, num_kv_heads] int32
+
+    @classmethod
+    def allocate(cls, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 plan: SplitPlan, device) -> SplitScratch:
+        f32 = dict(dtype=torch.float32, device=device)
+        return cls(
+            part_out=torch.empty(batch, num_q_heads, plan.num_chunks, head_dim, **f32),
+            part_lse=torch.empty(batch, num_q_heads, plan.num_chunks, **f32),
+            counters=torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=device),
         )
-        acc += parts * w[:, None]
-        total += w
-    denom = tl.sum(total, axis=0)
-    out = tl.sum(acc, axis=0) / tl.where(denom > 0, denom, 1.0)  # empty sequence -> zeros
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
 
 
 def paged_attention_split(
@@ -205,45 +276,53 @@ def paged_attention_split(
     max_len: int | None = None,
     config: KernelConfig | None = None,
     out: torch.Tensor | None = None,
+    scratch: SplitScratch | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Split-KV decode. Inputs as in ``paged_attention`` (already checked).
 
     ``plan`` fixes the chunking (else :func:`plan_split` is called, which reads the lengths
-    back from the device). Returns [batch, num_q_heads, head_dim] in q's dtype.
+    back from the device). ``scratch`` (from a plan; else allocated here) holds the partials.
+    Lengths are clamped to ``max_seq_len`` (default: what the table holds), which must not
+    exceed ``plan.num_chunks * plan.chunk_size``. Returns [batch, num_q_heads, head_dim] in
+    q's dtype.
     """
     config = config or KernelConfig()
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    if out is None:
-        out = torch.empty_like(q)
+    out = check_out(out, q)
     if batch == 0:
         return out
     if plan is None:
         max_len = int(seq_lens.max()) if max_len is None else max_len
         plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     if plan.num_chunks == 1:  # one chunk per sequence is the one-pass kernel, with no merge
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-                                      config=config, out=out)
+                                      config=config, out=out, max_seq_len=max_seq_len)
+    max_seq_len = min(max_seq_len, plan.num_chunks * plan.chunk_size)
+    q, block_tables, seq_lens = (unit_last_stride(t) for t in (q, block_tables, seq_lens))
     consts = launch_constants(q, k_cache, scale)
     qk_scale = consts.pop("qk_scale")
-    part_out = torch.empty(batch, num_q_heads, plan.num_chunks, head_dim,
-                           dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(batch, num_q_heads, plan.num_chunks,
-                           dtype=torch.float32, device=q.device)
+    if scratch is None:
+        scratch = SplitScratch.allocate(batch, num_q_heads, num_kv_heads, head_dim, plan,
+                                        q.device)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
-        part_out, part_lse, q, k_data, v_data, block_tables, seq_lens, qk_scale,
-        plan.chunk_size,
-        q.stride(0), q.stride(1), block_tables.stride(0),
+        scratch.part_out, scratch.part_lse, scratch.counters, out,
+        q, k_data, v_data, block_tables, seq_lens, qk_scale, plan.chunk_size, max_seq_len,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         num_q_heads, plan.num_chunks,
-        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
-        **formats,
+        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
+        FUSED_MERGE=plan.fused_merge, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
     )
-    merge_kernel[(batch, num_q_heads)](
-        out, part_out, part_lse, seq_lens, plan.chunk_size,
-        out.stride(0), out.stride(1), num_q_heads, plan.num_chunks,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
-        CHUNK_TILE=16, num_warps=4,
-    )
+    if not plan.fused_merge:
+        merge_kernel[(batch, num_q_heads)](
+            out, scratch.part_out, scratch.part_lse, seq_lens, plan.chunk_size, max_seq_len,
+            out.stride(0), out.stride(1), num_q_heads, plan.num_chunks,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
+            CHUNK_TILE=CHUNK_TILE, num_warps=4,
+        )
     return out
