@@ -115,6 +115,64 @@ def quantise_samples(x: torch.Tensor, formats=FORMATS) -> dict[str, float]:
     return {fmt: relative_error(dequantize(quantize(x, fmt)), x) for fmt in formats}
 
 
+# ---- real K/V of SmolLM2 and the pictures of lesson 10 ---------------------------------------
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "smollm2_kv_sample.npz"
+
+
+def load_smollm2_samples(path: Path = SAMPLES) -> dict:
+    """The committed SmolLM2-135M K/V samples (see tools/extract_smollm2_kv.py) as tensors:
+    ``k``, ``v`` float32 [3 layers, 256 tokens, 3 kv heads, 64]; ``layers``; ``k_amax``,
+    ``v_amax`` [30 layers, 3 heads, 64] per-channel max |value| over the passage's start."""
+    import numpy as np
+
+    data = np.load(path)
+    return {name: torch.from_numpy(data[name].astype("float32" if data[name].dtype.kind == "f"
+                                                      else data[name].dtype))
+            for name in data.files}
+
+
+def plot_codes_vs_values(samples: dict, layer_index: int = 1, head: int = 0):
+    """Three panels: (1) a histogram of one layer's |K| and |V| with the values an e4m3 code
+    can take at the per-tensor scale ``amax / 448``; (2) max |K| and max |V| per channel:
+    K's outlier channels; (3) one token-head's K against its 16 INT4 levels (two halves)."""
+    from matplotlib.figure import Figure
+
+    k, v = samples["k"][layer_index], samples["v"][layer_index]
+    layer = int(samples["layers"][layer_index])
+    fig = Figure(figsize=(13, 3.6))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    edges = torch.logspace(-4, 1.5, 60)
+    for name, x in (("|K|", k), ("|V|", v)):
+        ax1.hist(x.abs().flatten().numpy(), bins=edges.numpy(), alpha=0.6, label=name)
+    grid = representable_values("fp8") * float(k.abs().max()) / 448
+    grid = grid[(grid > 1e-4)]
+    ax1.vlines(grid.numpy(), 0, ax1.get_ylim()[1] * 0.15, color="k", lw=0.5,
+               label="e4m3 values at K's scale")
+    ax1.set_xscale("log")
+    ax1.set(title=f"layer {layer}: values vs FP8 (per-tensor scale)", xlabel="|value|")
+    ax1.legend(fontsize=7)
+    for name, amax in (("max |K|", samples["k_amax"][layer, head]),
+                       ("max |V|", samples["v_amax"][layer, head])):
+        ax2.plot(amax.numpy(), marker=".", lw=0.8, label=name)
+    ax2.set(title=f"layer {layer}, kv head {head}: per channel", xlabel="channel")
+    ax2.legend(fontsize=7)
+    token = k[7, head]
+    from paged_ref.quant import quantize
+
+    q4 = quantize(token[None], KVFormat.int4(token.shape[-1] // 2))
+    half = token.shape[-1] // 2
+    for h in range(2):
+        levels = q4.zero[0, h].float() + q4.scale[0, h].float() * representable_values("int4")
+        ax3.hlines(levels.numpy(), h * half, (h + 1) * half - 1, color="0.8", lw=0.6)
+    ax3.plot(token.numpy(), ".", label="K of token 7")
+    ax3.plot(dequantize(q4)[0].numpy(), "x", ms=4, label="its INT4 value")
+    ax3.set(title="one token-head: 16 levels per half", xlabel="channel")
+    ax3.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paged_ref.course.quant_study",
                                 description="Attention error of quantised KV caches (CPU).")
