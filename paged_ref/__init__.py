@@ -10,12 +10,14 @@ from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.manager import KVCacheManager
+from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.storage import PagedKVCache
 
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
+    "DecodePlan",
     "KVCacheManager",
     "KVFormat",
     "OutOfBlocksError",
@@ -23,6 +25,7 @@ __all__ = [
     "QuantizedKV",
     "dequantize",
     "paged_attention",
+    "plan_decode",
     "quantize",
 ]
 __version__ = "0.1.0"

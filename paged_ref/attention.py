@@ -1,49 +1,51 @@
 """``paged_attention``: the public entry point, one function for every backend.
 
-It checks the inputs (see :mod:`paged_ref.validation`), then hands them to a backend:
+It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.plan.dispatch`
+(the one place that decides) which backend runs and how to split, then runs it:
 
 * ``"torch"``        gather through the block table, then dense attention (the reference);
 * ``"triton"``       one-pass Triton paged decode kernel;
 * ``"triton_split"`` split-KV Triton kernel + log-sum-exp merge;
 * ``"auto"``         the fastest valid backend for the inputs and the device.
+
+With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made
+once on the host: the call reads nothing back and can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-from paged_ref import _device
+from paged_ref.plan import BACKENDS, DecodePlan, check_against_plan, dispatch, make_plan
+from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import paged_attention_torch
-from paged_ref.validation import Lengths, check_shapes, check_values
+from paged_ref.validation import Lengths, check_out, check_shapes, check_values
 
-BACKENDS = ("auto", "torch", "triton", "triton_split")
-
-
-def _check_triton_usable(backend: str, q: torch.Tensor) -> None:
-    if not _device.HAS_TRITON:
-        raise RuntimeError(
-            f"backend={backend!r} needs the triton package, which is not installed here "
-            "(Triton has no wheels for macOS or Windows); use backend='torch'"
-        )
-    want = _device.triton_device()
-    if q.device.type != want:
-        where = "compiled for the GPU" if want == "cuda" else "run by Triton's interpreter"
-        raise ValueError(
-            f"backend={backend!r} needs {want} tensors on this machine (kernels are {where}); "
-            f"q is on {q.device}"
-        )
+__all__ = ["BACKENDS", "choose_backend", "paged_attention", "run_plan"]
 
 
 def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
-    """What ``backend="auto"`` runs: ``"torch"`` off the GPU (the interpreter is for learning,
-    not speed); on a GPU ``"triton_split"`` when the split plan has more than one chunk,
-    else the one-pass ``"triton"``."""
-    if q.device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET:
-        return "torch"
-    from paged_ref.kernels.triton_split import plan_for_inputs
+    """What ``backend="auto"`` runs for these inputs (see :func:`paged_ref.plan.dispatch`)."""
+    return dispatch("auto", q.device, batch=q.shape[0], num_kv_heads=k_cache.shape[2],
+                    max_len=lengths.max_len, total_tokens=lengths.total_tokens)[0]
 
-    plan = plan_for_inputs(q, k_cache, lengths)
-    return "triton_split" if plan.num_chunks > 1 else "triton"
+
+def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=None):
+    """Run a plan on inputs already checked against it (no value is read back)."""
+    if plan.backend == "torch":
+        result = paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
+                                       scale=plan.scale, max_len=plan.max_seq_len)
+        return result if out is None else out.copy_(result)
+    if plan.split is None:
+        from paged_ref.kernels.triton_decode import paged_attention_triton
+
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens,
+                                      scale=plan.scale, out=out, max_seq_len=plan.max_seq_len)
+    from paged_ref.kernels.triton_split import paged_attention_split
+
+    return paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens, scale=plan.scale,
+                                 plan=plan.split, scratch=plan.scratch, out=out,
+                                 max_seq_len=plan.max_seq_len)
 
 
 def paged_attention(
@@ -55,41 +57,52 @@ def paged_attention(
     *,
     scale: float | None = None,
     backend: str = "auto",
+    plan: DecodePlan | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache.
 
-    q            [batch, num_q_heads, head_dim]  float16 / bfloat16 / float32
-    k_cache      [num_blocks, block_size, num_kv_heads, head_dim]  same dtype as q, contiguous
-    v_cache      same shape and dtype as k_cache
-    block_tables [batch, max_blocks_per_seq] int32: token t of sequence b is at
+    q            [batch, num_q_heads, head_dim]  float16 / bfloat16 / float32, any strides
+    k_cache      [num_blocks, block_size, num_kv_heads, head_dim]  same dtype as q, contiguous;
+                 or a quantised cache, :class:`paged_ref.QuantizedKV` (FP8 / INT4 codes and
+                 their scales, see :mod:`paged_ref.quant`), de-quantised by every backend
+    v_cache      same shape and dtype (or QuantizedKV format) as k_cache
+    block_tables [batch, max_blocks_per_seq] int32 (any strides): token t of sequence b is at
                  k_cache[block_tables[b, t // block_size], t % block_size]
-    seq_lens     [batch] int32; table entries past ceil(seq_lens[b] / block_size) are ignored
-    scale        softmax scale, default head_dim ** -0.5
+    seq_lens     [batch] int32 (any strides); table entries past ceil(seq_lens[b] / block_size)
+                 are ignored
+    scale        softmax scale, default head_dim ** -0.5; abs(scale) <= 1e4
+    backend      "auto" (default), "torch", "triton", "triton_split"
+    plan         from :func:`paged_ref.plan_decode`: the values were checked and the backend,
+                 split and scratch fixed there; this call then checks shapes only, reads no
+                 tensor value back and is CUDA-graph capturable (``scale``/``backend`` come
+                 from the plan; leave them default). Without a plan, lengths and used table
+                 entries are checked here (one read-back).
+    out          optional [batch, num_q_heads, head_dim] tensor of q's dtype to write into
 
-    Returns [batch, num_q_heads, head_dim] in q's dtype; a row with seq_lens[b] == 0 is zeros.
+    Returns [batch, num_q_heads, head_dim] in q's dtype (``out`` when given); a row with
+    seq_lens[b] == 0, or whose every key scores -inf, is zeros.
     Raises TypeError for bad types/dtypes and ValueError for bad shapes, devices or values.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    lengths = check_values(block_tables, seq_lens, shapes)
-    if backend == "auto":
-        backend = choose_backend(q, k_cache, lengths)
-    if backend == "torch":
-        return paged_attention_torch(
-            q, k_cache, v_cache, block_tables, seq_lens, scale=scale, max_len=lengths.max_len
-        )
-    _check_triton_usable(backend, q)
-    from paged_ref.kernels.kv_formats import check_kernel_format
-
-    check_kernel_format(k_cache)
-    if backend == "triton":
-        from paged_ref.kernels.triton_decode import paged_attention_triton
-
-        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
-    from paged_ref.kernels.triton_split import paged_attention_split, plan_for_inputs
-
-    return paged_attention_split(
-        q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-        plan=plan_for_inputs(q, k_cache, lengths),
-    )
+    if plan is not None:
+        if not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan must come from paged_ref.plan_decode, got {type(plan).__name__}")
+        if scale is not None or backend != "auto":
+            raise ValueError("scale and backend are fixed by the plan: pass them to plan_decode")
+        shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens)
+        check_against_plan(plan, shapes, q)
+    else:
+        shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        lengths = check_values(block_tables, seq_lens, shapes)
+        if backend == "auto" and not kernels_read(k_cache):
+            backend = "torch"  # a quantised layout the Triton kernels do not read
+        plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
+                         total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
+                         scale=scale)
+    if out is not None:
+        check_out(out, q)
+    if plan.backend != "torch":
+        check_kernel_format(k_cache)
+    return run_plan(plan, q, k_cache, v_cache, block_tables, seq_lens, out)

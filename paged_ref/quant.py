@@ -406,3 +406,21 @@ def check_quantized_pair(q: torch.Tensor, k_cache, v_cache) -> KVFormat | None:
         raise TypeError(f"q dtype must be one of {COMPUTE_DTYPES} with a quantised cache, "
                         f"got {q.dtype}")
     return k_cache.format
+
+
+def kernels_read(cache) -> bool:
+    """Whether the Triton kernels read this cache: any plain tensor or fp8 cache; an int4 cache
+    when head_dim is a power of two >= 32 (two halves of >= 16 channels, for the dots)."""
+    if not isinstance(cache, QuantizedKV) or cache.format.kind != "int4":
+        return True
+    head_dim = cache.shape[-1]
+    return head_dim >= 32 and not head_dim & (head_dim - 1)
+
+
+def check_kernel_format(k_cache) -> None:
+    """ValueError for a quantised cache the Triton kernels cannot read (the torch backend can)."""
+    if not kernels_read(k_cache):
+        raise ValueError(
+            f"k_cache: the Triton kernels read int4 caches with head_dim a power of two >= 32; "
+            f"got head_dim {k_cache.shape[-1]} (use backend='torch')"
+        )

@@ -11,6 +11,15 @@ from paged_ref.course.checks import assert_close
 from paged_ref.course.testing import make_paged_inputs, ragged_lengths
 from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 
+# The input-layout tests of tests/test_inputs.py, compiled (they pick "cuda" when it exists;
+# collected here again so that this file alone is the GPU run).
+from tests.test_inputs import (  # noqa: F401
+    test_any_strides_give_the_right_answer,
+    test_minus_inf_keys_agree_with_torch,
+    test_no_blocks_at_all,
+    test_stride_zero_expanded_inputs,
+)
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 BACKENDS = ["triton", "triton_split", "auto"]
@@ -38,13 +47,15 @@ def test_gpu_matches_float64_reference(backend, case, poison):
     assert_close(out, inp.reference(), name=f"{backend} case {case}")
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused_merge"])
 @pytest.mark.parametrize("num_chunks", [1, 2, 7, 64, 300])
-def test_gpu_split_any_chunking(num_chunks):
+def test_gpu_split_any_chunking(num_chunks, fused):
     lens = [1, 700, 4097, 20000]
     inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=num_chunks)
     chunk = -(-max(lens) // num_chunks)
-    out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk, -(-max(lens) // chunk)))
+    plan = SplitPlan(chunk, -(-max(lens) // chunk), fused_merge=fused)
+    out = paged_attention_split(*inp.args(), plan=plan)
     assert_close(out, inp.reference(), name=f"split into {num_chunks}")
 
 
@@ -84,3 +95,92 @@ def test_gpu_value_checks(table_width):
     bad_lens[0] = -1
     with pytest.raises(ValueError, match=r"seq_lens\[0\]"):
         paged_ref.paged_attention(*args[:4], bad_lens)
+
+
+# --------------------------------------------------------------------------- plan once, run many
+# Lengths that make dispatch pick each kernel on 132 SMs: one pass, a split into 8 chunks, a
+# split into 63 chunks, a ragged batch.
+PLANNED = {"one_pass": [512] * 64, "split_short": [2048] * 4, "split_long": [40000],
+           "ragged": ragged_lengths(12, 1, 9000, seed=3)}
+GPU_SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
+
+
+def _planned(name, grow=0, **kw):
+    lens = PLANNED[name]
+    inp = make_paged_inputs([n + grow for n in lens], dtype=torch.bfloat16, device="cuda",
+                            seed=len(name), **GPU_SHAPE)
+    plan = paged_ref.plan_decode(lens, dtype=torch.bfloat16, device="cuda",
+                                 max_seq_len=max(lens) + grow, **GPU_SHAPE, **kw)
+    return inp, plan
+
+
+def test_gpu_dispatch_picks_each_kernel():
+    kinds = {}
+    for name in PLANNED:
+        plan = _planned(name)[1]
+        kinds[name] = (plan.backend, plan.split and plan.split.fused_merge)
+    assert kinds["one_pass"] == ("triton", None)
+    assert kinds["split_short"][0] == kinds["split_long"][0] == "triton_split"
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_planned_call_does_not_sync(name):
+    inp, plan = _planned(name)
+    out = torch.empty_like(inp.q)
+    paged_ref.paged_attention(*inp.args(), plan=plan, out=out)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        paged_ref.paged_attention(*inp.args(), plan=plan, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(out, inp.reference(), name=name)
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_planned_calls_repeat_identically(name):
+    """20 planned launches in a row: right, identical, merge counters back to 0."""
+    inp, plan = _planned(name)
+    outs = [paged_ref.paged_attention(*inp.args(), plan=plan) for _ in range(20)]
+    assert_close(outs[0], inp.reference(), name=name)
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), "launches differ"
+    if plan.scratch is not None:
+        assert (plan.scratch.counters == 0).all()
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_gpu_cuda_graph_capture_and_replay_with_new_values(name):
+    """Capture one planned call; write longer lengths (+100), new q and a re-shuffled table
+    into the same tensors; replay; compare with the float64 reference of the new inputs."""
+    grown, plan = _planned(name, grow=100)
+    q, k, v, tables, lens = (t.clone() for t in grown.args())
+    lens.sub_(100)  # the lengths the plan was made for
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compile) off the capture
+        paged_ref.paged_attention(q, k, v, tables, lens, plan=plan, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_ref.paged_attention(q, k, v, tables, lens, plan=plan, out=out)
+    for step in range(2):
+        new = make_paged_inputs(grown.seq_lens.tolist(), dtype=torch.bfloat16, device="cuda",
+                                seed=100 + step, **GPU_SHAPE)
+        if new.k_cache.shape != k.shape or new.block_tables.shape != tables.shape:
+            new = grown  # same shapes needed for in-place updates
+        for dst, src in zip((q, k, v, tables, lens), new.args(), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, new.reference(), name=f"{name} replay {step}")
+
+
+def test_gpu_unplanned_call_is_right_for_odd_layouts():
+    """tests/test_inputs.py runs compiled here too; one larger case through 'auto'."""
+    inp = make_paged_inputs([3000, 17, 800], dtype=torch.bfloat16, device="cuda", seed=9,
+                            **GPU_SHAPE)
+    q = inp.q.transpose(0, 1).contiguous().transpose(0, 1)
+    lens = torch.stack([inp.seq_lens, inp.seq_lens * 0 + 10**6], 1).flatten()[::2]
+    out = paged_ref.paged_attention(q, inp.k_cache, inp.v_cache, inp.block_tables, lens)
+    assert_close(out, inp.reference())

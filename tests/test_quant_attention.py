@@ -142,3 +142,16 @@ def test_cache_layer_goes_straight_into_paged_attention():
     probs = torch.softmax(scores / 8, dim=-1)  # head_dim 64: scale 1/8
     expected = torch.einsum("ht,thd->hd", probs, v_back.double().repeat_interleave(2, 1))
     assert_close(out[0], expected, name="attention over cache.layer(0)")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_planned_call_with_quantised_cache(fmt):
+    """plan_decode with q's dtype plans a quantised cache like any other (no read-back)."""
+    from paged_ref import plan_decode
+
+    inp = make_paged_inputs([30, 7], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=8,
+                            dtype=BF16, seed=26).quantized(fmt)
+    plan = plan_decode(inp.seq_lens.tolist(), num_q_heads=8, num_kv_heads=2, head_dim=64,
+                       block_size=8, dtype=BF16, device="cpu", backend="triton")
+    out = paged_attention(*inp.args(), plan=plan)
+    assert_close(out, inp.reference(), name=f"planned {fmt}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-ORDER = ["torch", "triton", "triton_split", "auto", "sdpa_contiguous", "flashinfer"]
+ORDER = ["torch", "triton", "triton_split", "auto", "auto_planned", "auto_graph",
+         "sdpa_contiguous", "flashinfer"]
 
 
 def main(path: str) -> None:
@@ -28,7 +29,9 @@ def main(path: str) -> None:
                 continue
             label = r["label"] if backend == "flashinfer" else backend
             if backend == "auto":
-                label += f" (→ {r.get('picked')}, checks included)"
+                label += f" (→ {r.get('picked')}, no plan: checks included)"
+            if r.get("fused_merge"):
+                label += " [fused merge]"
             ratio = f"{fi['ms'] / r['ms']:.2f}x" if fi else "-"
             graph = "-" if r.get("ms_graph") is None else f"{r['ms_graph']:.4f}"
             print(f"| {case} | {label} | {r['ms']:.4f} | {r['gbps']:.0f} | "

@@ -9,12 +9,18 @@
    copy bandwidth and relative error.
 3. Writes JSON stamped with GPU, versions and date, and a bar plot of % of copy bandwidth.
 
-What is timed (``ms``): the kernel launches of each backend on inputs checked once beforehand,
-like a serving engine that validates a batch once and plans the split once per step (FlashInfer's
-``plan()`` is outside its timing too). ``auto`` is timed through the public
-``paged_attention(backend="auto")``, checks included. Two more columns help read small cases:
-``ms_graph``, the same call replayed from a CUDA graph (no Python launch cost, L2 not flushed),
-and ``cpu_us``, the host time of one call (when it exceeds the GPU time, launches bound it).
+What is timed (``ms``): ``triton`` and ``triton_split`` are the kernel wrappers called directly
+with a split plan, scratch and output made beforehand (FlashInfer's ``plan()`` is outside its
+timing too). The public call is timed three ways: ``auto`` (no plan: shape checks, one
+read-back of lengths and tables, the value checks, dispatch and scratch on every call),
+``auto_planned`` (``paged_attention(..., plan=plan_decode(...), out=out)``: shape checks and the
+launch) and ``auto_graph`` (that planned call captured once in a CUDA graph and replayed).
+Two more columns help read small cases: ``ms_graph``, the same call replayed from a CUDA
+graph by ``do_bench_cudagraph`` (no Python launch cost, L2 not flushed), and ``cpu_us``, the
+host time of one call (when it exceeds the GPU time, launches bound it). The JSON also holds
+the dense bf16 matmul rate (``matmul_bf16_tflops``, the roofline's compute ceiling), the host
+microseconds of each step around the kernel (``host_us``), and with ``--page-sweep CASE`` a
+``page_size.json`` of that case at block sizes 1..256.
 
 On a machine without a CUDA GPU it refuses: interpreter or CPU timings say nothing about memory
 bandwidth. It still lists the cases and the bytes each must move.
@@ -47,7 +53,7 @@ CASES: dict[str, list[int]] = {
     "B4_L2048": [2048] * 4,
 }
 SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16)
-OURS = ("torch", "triton", "triton_split", "auto")
+OURS = ("torch", "triton", "triton_split", "auto", "auto_planned", "auto_graph")
 PEERS = ("sdpa_contiguous", "flashinfer")
 
 
@@ -115,18 +121,47 @@ def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
 # --------------------------------------------------------------------------- backends
 
 
+def capture_graph(fn: Callable[[], object]):
+    """A CUDA graph of one call of ``fn`` (warmed up on a side stream first); returns
+    ``graph.replay``. Raises if ``fn`` cannot be captured (it reads a value back)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
-    """label -> (backend, extra info, zero-argument callable returning the output)."""
-    from paged_ref.attention import choose_backend, paged_attention
+    """label -> (backend, extra info, zero-argument callable returning the output).
+
+    Kernel rows (``triton``, ``triton_split``) call the kernel wrappers directly with a plan
+    and scratch made beforehand. The public call: ``auto`` (no plan: checks, one read-back,
+    dispatch and scratch on every call), ``auto_planned`` (``plan=`` from ``plan_decode``,
+    ``out=`` given) and ``auto_graph`` (that planned call captured once, replayed).
+    """
+    from paged_ref.attention import paged_attention
     from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
-    from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split, plan_for_inputs
+    from paged_ref.kernels.triton_split import (
+        SplitPlan,
+        SplitScratch,
+        paged_attention_split,
+        plan_for_inputs,
+    )
+    from paged_ref.plan import plan_decode
     from paged_ref.validation import Lengths
 
     args = inp.args()
-    max_len = int(inp.seq_lens.max())
+    lens = inp.seq_lens.tolist()
+    max_len = max(lens)
     out = torch.empty_like(inp.q)
-    lengths = Lengths(max_len, int(inp.seq_lens.sum()))
-    plan = plan_for_inputs(inp.q, inp.k_cache, lengths)
+    batch, num_q_heads, head_dim = inp.q.shape
+    num_kv_heads = inp.k_cache.shape[2]
+    plan = plan_for_inputs(inp.q, inp.k_cache, Lengths(max_len, sum(lens)))
+    scratch = SplitScratch.allocate(batch, num_q_heads, num_kv_heads, head_dim, plan, "cuda")
     runners = {}
     if "torch" in backends:
         runners["torch"] = ("torch", {}, lambda: paged_attention_torch(*args, max_len=max_len))
@@ -139,8 +174,9 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
         if "triton_split" in backends:
             runners["triton_split" + suffix] = (
                 "triton_split", {**info, "num_chunks": plan.num_chunks,
-                                 "chunk_size": plan.chunk_size},
-                lambda c=cfg: paged_attention_split(*args, plan=plan, config=c, out=out))
+                                 "chunk_size": plan.chunk_size, "fused_merge": plan.fused_merge},
+                lambda c=cfg: paged_attention_split(*args, plan=plan, config=c, out=out,
+                                                    scratch=scratch))
     for n in chunk_counts:
         chunk = math.ceil(max_len / n / 64) * 64
         sweep_plan = SplitPlan(chunk_size=chunk, num_chunks=math.ceil(max_len / chunk))
@@ -148,10 +184,36 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
             "triton_split", {"num_chunks": sweep_plan.num_chunks, "chunk_size": chunk,
                              "sweep": "chunks"},
             lambda p=sweep_plan: paged_attention_split(*args, plan=p, out=out))
+    decode_plan = plan_decode(lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                              head_dim=head_dim, block_size=inp.k_cache.shape[1],
+                              dtype=inp.q.dtype, device=inp.q.device)
+    picked = {"picked": decode_plan.backend}
+    if decode_plan.split is not None:
+        picked |= {"num_chunks": decode_plan.split.num_chunks,
+                   "fused_merge": decode_plan.split.fused_merge}
     if "auto" in backends:
-        picked = choose_backend(inp.q, inp.k_cache, lengths)
-        runners["auto"] = ("auto", {"picked": picked, "includes_checks": True},
-                           lambda: paged_attention(*args, backend="auto"))
+        runners["auto"] = ("auto", {**picked, "includes_checks": True},
+                           lambda: paged_attention(*args))
+    planned_out = torch.empty_like(inp.q)
+
+    def planned():
+        return paged_attention(*args, plan=decode_plan, out=planned_out)
+
+    if "auto_planned" in backends:
+        runners["auto_planned"] = ("auto_planned", picked, planned)
+    if "auto_graph" in backends:
+        try:
+            replay = capture_graph(planned)
+        except Exception as exc:  # reported, not fatal: the other rows still run
+            print(f"auto_graph: capture failed ({type(exc).__name__}: {str(exc)[:200]})")
+            torch.cuda.synchronize()
+            return runners
+
+        def graph_call():
+            replay()
+            return planned_out
+
+        runners["auto_graph"] = ("auto_graph", {**picked, "graph": True}, graph_call)
     return runners
 
 
@@ -257,13 +319,73 @@ def run_case(name, lens, backends, configs, chunk_counts, copy_bw, seed=0):
         ms = min(p[label] for p in passes)
         gbps = nbytes / (ms * 1e-3) / 1e9
         extra = {"ms_passes": [p[label] for p in passes]}
-        if not info.get("sweep"):
+        if not info.get("sweep") and not info.get("graph"):
             extra |= {"ms_graph": graph_ms(fn), "cpu_us": cpu_us_per_call(fn)}
         rows.append({"case": name, "backend": backend, "label": label, "ms": ms, "gbps": gbps,
                      "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err, "bytes": nbytes,
                      **extra, **info})
     del inp, ref, runners
     torch.cuda.empty_cache()
+    return rows
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """Dense bf16 matmul rate, TFLOP/s (``2 n^3`` FLOPs over the median time): the compute
+    ceiling of the roofline."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    warm_up_gpu()
+    ms = time_ms(lambda: a @ b)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def host_breakdown(name: str, lens: list[int]) -> dict:
+    """Host microseconds of each step around the kernel in one public call on this case
+    (:func:`paged_ref.course.cost.call_steps_us`), and of FlashInfer's ``run``."""
+    from paged_ref.course.cost import call_steps_us, host_us
+
+    inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
+    result = {"case": name, **call_steps_us(inp, calls=200)}
+    fi = flashinfer_runners(inp)
+    if fi:
+        result["flashinfer_run"] = host_us(fi["flashinfer[tc=False]"][2], calls=200)
+    return result
+
+
+def page_size_sweep(name: str, block_sizes: list[int], copy_bw: float) -> list[dict]:
+    """``auto_planned`` and FlashInfer on case ``name`` at each block size (page size)."""
+    from paged_ref.attention import paged_attention
+    from paged_ref.course.checks import relative_error
+    from paged_ref.plan import plan_decode
+
+    rows = []
+    lens = CASES[name]
+    for block_size in block_sizes:
+        shape = {**SHAPE, "block_size": block_size}
+        inp = make_paged_inputs(lens, device="cuda", seed=0, **shape)
+        ref = paged_attention_torch(
+            inp.q.double(), inp.k_cache.double(), inp.v_cache.double(), inp.block_tables,
+            inp.seq_lens, max_len=max(lens))
+        plan = plan_decode(lens, num_q_heads=SHAPE["num_q_heads"],
+                           num_kv_heads=SHAPE["num_kv_heads"], head_dim=SHAPE["head_dim"],
+                           block_size=block_size, dtype=inp.q.dtype, device="cuda")
+        out = torch.empty_like(inp.q)
+        runners = {"auto_planned": lambda p=plan, i=inp, o=out: paged_attention(
+            *i.args(), plan=p, out=o)}
+        fi = flashinfer_runners(inp)
+        if fi:
+            runners["flashinfer"] = fi["flashinfer[tc=False]"][2]
+        nbytes = bytes_moved(inp)
+        for backend, fn in runners.items():
+            err = relative_error(fn(), ref)
+            ms = min(time_ms(fn) for _ in range(2))
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            rows.append({"case": name, "block_size": block_size, "backend": backend, "ms": ms,
+                         "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err})
+            print(f"page size {block_size:4d} {backend:14s} {ms:.4f} ms "
+                  f"{100 * gbps / copy_bw:5.1f} % copy bw, rel err {err:.1e}")
+        del inp, ref, runners, fi
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -337,6 +459,10 @@ def parse_args(argv):
                    help="time the Triton kernels over a grid of tile / warps / stages")
     p.add_argument("--sweep-chunks", default="",
                    help="comma-separated chunk counts to time triton_split with (lesson 05)")
+    p.add_argument("--page-sweep", default="",
+                   help="also time auto_planned and FlashInfer on this case at each of "
+                        "--page-sizes block sizes; writes page_size.json beside --out")
+    p.add_argument("--page-sizes", default="1,2,4,8,16,32,64,128,256")
     p.add_argument("--out", default="bench.json", help="JSON path (the plot goes beside it)")
     return p.parse_args(argv)
 
@@ -346,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in args.cases.split(",") if c]
     backends = [b for b in args.backends.split(",") if b]
     unknown = [c for c in cases if c not in CASES] + [b for b in backends if b not in OURS + PEERS]
+    if args.page_sweep and args.page_sweep not in CASES:
+        unknown.append(args.page_sweep)
     if unknown:
         print(f"unknown case or backend: {unknown}", file=sys.stderr)
         return 2
@@ -379,10 +507,24 @@ def main(argv: list[str] | None = None) -> int:
     result = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
               "results": rows}
     print_table(rows)
+    result["matmul_bf16_tflops"] = matmul_tflops()
+    print(f"dense bf16 matmul: {result['matmul_bf16_tflops']:.0f} TFLOP/s")
+    result["host_us"] = [host_breakdown(c, CASES[c]) for c in ("B4_L2048", "B64_L4096")
+                         if c in cases]
+    for r in result["host_us"]:
+        print("host us per step:", {k: round(v, 1) if isinstance(v, float) else v
+                                    for k, v in r.items()})
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=1))
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+    if args.page_sweep:
+        sizes = [int(b) for b in args.page_sizes.split(",") if b]
+        sweep = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
+                 "results": page_size_sweep(args.page_sweep, sizes, copy_bw)}
+        page_json = out.with_name("page_size.json")
+        page_json.write_text(json.dumps(sweep, indent=1))
+        print(f"wrote {page_json}")
     return 0
 
 

@@ -67,18 +67,6 @@ def kv_kernel_args(k_cache, v_cache) -> tuple[tuple, dict]:
             *strides), dict(KV_FORMAT=code, INT4_GROUPS=groups)
 
 
-def check_kernel_format(k_cache) -> None:
-    """ValueError for quantised caches the kernels cannot read (the torch backend can)."""
-    if kv_format_code(k_cache) == 3:
-        head_dim = k_cache.shape[-1]
-        if head_dim < 32 or head_dim & (head_dim - 1):
-            raise ValueError(
-                f"k_cache: the Triton kernels read int4 caches with head_dim a power of two "
-                f">= 32 (two halves of >= 16 channels); got head_dim {head_dim} "
-                f"(use backend='torch')"
-            )
-
-
 @triton.jit
 def int4_halves(packed, DOT_UPCAST: tl.constexpr):
     """uint8 bytes ``[TILE, D/2]`` -> codes of the low and high nibbles, as numbers.
@@ -170,4 +158,4 @@ def attend_tokens_int4(
     return acc, m, l
 
 
-__all__ = ["attend_tokens_int4", "check_kernel_format", "kv_kernel_args"]
+__all__ = ["attend_tokens_int4", "kv_format_code", "kv_kernel_args"]

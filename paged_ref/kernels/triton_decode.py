@@ -250,6 +250,8 @@ def paged_attention_triton(
     out = check_out(out, q)
     if batch == 0:
         return out
+    if k_cache.shape[0] == 0:  # no blocks at all: every length is 0 (the checks saw to it)
+        return out.zero_()
     q, block_tables, seq_lens = (unit_last_stride(t) for t in (q, block_tables, seq_lens))
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]

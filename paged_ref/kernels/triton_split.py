@@ -9,9 +9,10 @@ into chunks of ``chunk_size`` tokens and runs one program per (sequence, KV head
   normalised partial output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
 * stage 2 (:func:`merge_head`): ``out = sum_c w_c o_c`` with
   ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``; done by a second kernel
-  (:func:`merge_kernel`), or, when a sequence has at most ``CHUNK_TILE`` chunks, inside the
-  split kernel by the last program of each (sequence, KV head) to finish: one launch, which is
-  what small batches need (launch latency, not bandwidth, bounds them).
+  (:func:`merge_kernel`), or, with ``SplitPlan(fused_merge=True)``, inside the split kernel
+  by the last program of each (sequence, KV head) to finish (an atomic counter): one launch.
+  Measured on an H200 the fused merge was slower (see ``FUSED_MERGE_MAX_CHUNKS``), so plans
+  use the second kernel; under a CUDA graph the second launch costs no host time anyway.
 
 :func:`plan_split` picks ``chunk_size`` from the batch, the KV heads, the lengths and the
 number of multiprocessors; it depends only on those numbers, so the result is deterministic.
@@ -45,8 +46,15 @@ PROGRAMS_PER_SM = 4
 IMBALANCE = 1.5
 #: Never split finer than this many tokens: each chunk costs a partial write and a merge read.
 MIN_CHUNK = 256
-#: Chunks merged per step; plans with at most this many chunks merge inside the split kernel.
+#: Chunks merged per step of :func:`merge_head`.
 CHUNK_TILE = 16
+#: Plans with at most this many chunks merge inside the split kernel (one launch). 0: never.
+#: Measured on an H200 (benchmarks/h200/bench.json, 2026-11-30, fused for B4_L2048, B8_L32768,
+#: B32_ragged): slower than the separate merge kernel of the previous run (chunks.json) on each:
+#: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs 95.5 %, B32_ragged
+#: 84.8 vs 90.5 % of copy bandwidth; the last program's serial merge (and the merge code's
+#: registers in every program) cost more than the second launch saves.
+FUSED_MERGE_MAX_CHUNKS = 0
 
 
 @dataclass(frozen=True)
@@ -55,9 +63,9 @@ class SplitPlan:
     chunk of a sequence may be short; chunks past a sequence's end do nothing).
 
     ``fused_merge``: the last program to finish a (sequence, KV head) merges its chunks itself
-    (an atomic counter tells it that it is last), so the whole call is one launch; only for
-    ``num_chunks <= CHUNK_TILE`` (one tile of chunks per head). Otherwise a second kernel
-    merges."""
+    (an atomic counter tells it that it is last), so the whole call is one launch (for any
+    chunk count; :func:`plan_split` asks for it up to ``FUSED_MERGE_MAX_CHUNKS``, measured
+    slower, so never by default). Otherwise a second kernel merges."""
 
     chunk_size: int
     num_chunks: int
@@ -110,7 +118,7 @@ def plan_split(
     if num_chunks == 1:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
     return SplitPlan(chunk_size=chunk, num_chunks=num_chunks,
-                     fused_merge=num_chunks <= CHUNK_TILE)
+                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS)
 
 
 def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
@@ -188,7 +196,7 @@ def split_kv_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     c = tl.program_id(2)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
     used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
     start = c * chunk_size
     if start < seq_len:  # chunks past the end of this sequence have nothing to do
@@ -223,11 +231,13 @@ def split_kv_kernel(
                                used, stride_ob, stride_oh, num_q_heads, num_chunks,
                                HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
                 tl.store(counter, 0)
-    elif FUSED_MERGE and c == 0:  # empty sequence: zeros
-        for g in tl.static_range(GROUP):
-            merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
-                       stride_ob, stride_oh, num_q_heads, num_chunks,
-                       HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+    else:
+        if FUSED_MERGE:
+            if c == 0:  # an empty sequence (c == 0 is past its end): zeros
+                for g in tl.static_range(GROUP):
+                    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
+                               stride_ob, stride_oh, num_q_heads, num_chunks,
+                               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @triton.jit
@@ -238,7 +248,7 @@ def merge_kernel(
 ):
     """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`)."""
     b = tl.program_id(0)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
     merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
                tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
                HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
@@ -293,6 +303,8 @@ def paged_attention_split(
     out = check_out(out, q)
     if batch == 0:
         return out
+    if k_cache.shape[0] == 0:  # no blocks at all: every length is 0 (the checks saw to it)
+        return out.zero_()
     if plan is None:
         max_len = int(seq_lens.max()) if max_len is None else max_len
         plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))

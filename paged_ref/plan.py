@@ -1,0 +1,232 @@
+"""Plan once, run many: decode attention without a read-back, ready for CUDA graphs.
+
+A serving step knows its lengths on the host before it launches anything (the
+:class:`~paged_ref.KVCacheManager` holds them), so, as FlashInfer's ``plan``/``run`` and vLLM's
+attention metadata do, the work that needs values is done once, on the host::
+
+    plan = paged_ref.plan_decode(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 block_size=16, dtype=torch.bfloat16, device="cuda",
+                                 max_seq_len=4096)
+    out = paged_ref.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, plan=plan)
+
+:func:`plan_decode` checks the lengths, picks the backend and the split (:func:`dispatch`, the
+one place that decides both, also used by calls without a plan) and allocates the split's
+scratch buffers. A call with the plan then checks only shapes, dtypes and devices (no tensor
+value is read, nothing is copied to the host), allocates nothing but its output (none with
+``out=``), and can be captured in a CUDA graph and replayed after the caller writes new
+``q``, tables and lengths into the same tensors, as long as every length stays
+``<= plan.max_seq_len`` and every used table entry is a valid block id (the caller's promise,
+as with FlashInfer; the kernels clamp lengths to ``max_seq_len``, so a longer one is cut short,
+never read past the table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from paged_ref import _device
+from paged_ref.cache_math import cdiv
+from paged_ref.validation import CACHE_DTYPES, Shapes, check_scale
+
+BACKENDS = ("auto", "torch", "triton", "triton_split")
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What a planned call runs, and the buffers it writes.
+
+    ``backend`` is the kernel that runs: ``"torch"``, ``"triton"`` (one pass) or
+    ``"triton_split"`` (``split`` chunks; a one-chunk split is the one-pass kernel, so it is
+    ``"triton"`` here). Lengths up to ``max_seq_len`` are covered.
+    """
+
+    backend: str
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+    device: torch.device
+    max_seq_len: int
+    scale: float | None
+    split: object | None = None  # kernels.triton_split.SplitPlan
+    scratch: object | None = None  # kernels.triton_split.SplitScratch
+
+
+def check_backend_usable(backend: str, device: torch.device) -> None:
+    """A Triton backend needs triton installed and tensors where the kernels run."""
+    if backend in ("torch", "auto"):
+        return
+    if not _device.HAS_TRITON:
+        raise RuntimeError(
+            f"backend={backend!r} needs the triton package, which is not installed here "
+            "(Triton has no wheels for macOS or Windows); use backend='torch'"
+        )
+    want = _device.triton_device()
+    if device.type != want:
+        where = "compiled for the GPU" if want == "cuda" else "run by Triton's interpreter"
+        raise ValueError(
+            f"backend={backend!r} needs {want} tensors on this machine (kernels are {where}); "
+            f"q is on {device}"
+        )
+
+
+def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: int,
+             max_len: int, total_tokens: int, max_seq_len: int | None = None):
+    """The one decision: ``(backend that runs, SplitPlan or None)``.
+
+    ``"auto"`` is ``"torch"`` off the GPU (the interpreter is for learning, not speed); on a
+    GPU it is the split kernel when :func:`~paged_ref.kernels.triton_split.plan_split` cuts the
+    longest sequence into more than one chunk, else the one-pass kernel. The split's chunk size
+    comes from the current lengths; its chunk count covers ``max_seq_len`` (default
+    ``max_len``), so lengths may grow up to it (CUDA graph replays).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend_usable(backend, device)
+    if backend == "torch" or (backend == "auto" and (
+            device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET)):
+        return "torch", None
+    from paged_ref.kernels.triton_split import (
+        FUSED_MERGE_MAX_CHUNKS,
+        SplitPlan,
+        num_multiprocessors,
+        plan_split,
+    )
+
+    split = plan_split(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+                       total_tokens=total_tokens, num_sms=num_multiprocessors(device))
+    if backend == "triton" or split.num_chunks == 1:
+        return "triton", None
+    num_chunks = cdiv(max(max_seq_len or 0, max_len), split.chunk_size)
+    return "triton_split", SplitPlan(split.chunk_size, num_chunks,
+                                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS)
+
+
+def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.device, *,
+              max_len: int, total_tokens: int, max_seq_len: int, scale: float | None
+              ) -> DecodePlan:
+    """:func:`dispatch`, then the split's scratch buffers: a plan for checked sizes."""
+    ran, split = dispatch(backend, device, batch=shapes.batch, num_kv_heads=shapes.num_kv_heads,
+                          max_len=max_len, total_tokens=total_tokens, max_seq_len=max_seq_len)
+    scratch = None
+    if split is not None:
+        from paged_ref.kernels.triton_split import SplitScratch
+
+        scratch = SplitScratch.allocate(shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
+                                        shapes.head_dim, split, device)
+    return DecodePlan(ran, shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
+                      shapes.head_dim, shapes.block_size, dtype, device, max_seq_len, scale,
+                      split, scratch)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def host_lengths(seq_lens) -> list[int]:
+    """``seq_lens`` as a list of Python ints: from a list/tuple of ints or a CPU int tensor
+    (never a CUDA tensor: that would be the read-back a plan exists to avoid)."""
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.device.type != "cpu" or seq_lens.dim() != 1 or seq_lens.is_floating_point():
+            raise TypeError("seq_lens must be host lengths: a list of ints or a 1-D CPU int "
+                            f"tensor, got a {seq_lens.dim()}-D {seq_lens.dtype} tensor on "
+                            f"{seq_lens.device}")
+        return seq_lens.tolist()
+    if not isinstance(seq_lens, Sequence) or isinstance(seq_lens, str):
+        raise TypeError(f"seq_lens must be a list of ints, got {type(seq_lens).__name__}")
+    for b, n in enumerate(seq_lens):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"seq_lens[{b}] must be an int, got {type(n).__name__}")
+    return list(seq_lens)
+
+
+def plan_decode(
+    seq_lens: Sequence[int],
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    max_seq_len: int | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> DecodePlan:
+    """Plan decode attention for a batch whose lengths the caller has on the host.
+
+    seq_lens     the current length of each sequence: list of ints (or a 1-D CPU int tensor);
+                 ``len(seq_lens)`` is the batch size the plan is for
+    num_q_heads, num_kv_heads, head_dim, block_size, dtype, device
+                 as the ``q`` and caches the planned calls will get
+                 (``num_q_heads % num_kv_heads == 0``; dtype float16 / bfloat16 / float32)
+    max_seq_len  the longest length any planned call may see (default ``max(seq_lens)``);
+                 give the bound when lengths grow between CUDA graph replays
+    scale        softmax scale, default ``head_dim ** -0.5`` (``abs(scale) <= 1e4``)
+    backend      ``"auto"`` (default), ``"torch"``, ``"triton"`` or ``"triton_split"``
+
+    Checks every value here, once: TypeError for bad types, ValueError for bad values (named).
+    Returns a :class:`DecodePlan` for ``paged_attention(..., plan=plan)``, which then reads
+    no tensor value back and is CUDA-graph capturable (see the module docstring).
+    """
+    lens = host_lengths(seq_lens)
+    sizes = {name: _positive_int(name, value) for name, value in (
+        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+        ("block_size", block_size))}
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
+                         f"({num_kv_heads})")
+    if dtype not in CACHE_DTYPES:
+        raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    check_scale(scale)
+    for b, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"seq_lens[{b}] = {n} is negative")
+    longest = max(lens, default=0)
+    if max_seq_len is None:
+        max_seq_len = longest
+    elif isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int):
+        raise TypeError(f"max_seq_len must be an int or None, got {type(max_seq_len).__name__}")
+    if max_seq_len < longest:
+        b = lens.index(longest)
+        raise ValueError(f"seq_lens[{b}] = {longest} exceeds max_seq_len = {max_seq_len}")
+    shapes = Shapes(len(lens), sizes["num_q_heads"], sizes["num_kv_heads"], sizes["head_dim"],
+                    num_blocks=-1, block_size=sizes["block_size"],
+                    max_blocks_per_seq=cdiv(max_seq_len, block_size))
+    return make_plan(backend, shapes, dtype, device, max_len=longest, total_tokens=sum(lens),
+                     max_seq_len=max_seq_len, scale=scale)
+
+
+def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor) -> None:
+    """A planned call's inputs (already through ``check_shapes``) match what was planned."""
+    want = (plan.batch, plan.num_q_heads, plan.num_kv_heads, plan.head_dim, plan.block_size)
+    got = (shapes.batch, shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim,
+           shapes.block_size)
+    if got != want:
+        names = ("batch", "num_q_heads", "num_kv_heads", "head_dim", "block_size")
+        diff = ", ".join(f"{n} {g} (planned {w})" for n, g, w in zip(names, got, want, strict=True)
+                         if g != w)
+        raise ValueError(f"inputs do not match the plan: {diff}")
+    if q.dtype != plan.dtype or q.device != plan.device:
+        raise ValueError(f"q is {q.dtype} on {q.device}; the plan is for {plan.dtype} on "
+                         f"{plan.device}")
+    capacity = shapes.max_blocks_per_seq * shapes.block_size
+    if capacity < plan.max_seq_len:
+        raise ValueError(f"block_tables holds {shapes.max_blocks_per_seq} blocks x block_size "
+                         f"{shapes.block_size} = {capacity} tokens < the plan's max_seq_len "
+                         f"{plan.max_seq_len}")
+    if shapes.num_blocks == 0 and plan.max_seq_len > 0:
+        raise ValueError("k_cache has num_blocks == 0 but the plan covers lengths up to "
+                         f"{plan.max_seq_len}")
