@@ -19,12 +19,11 @@ CASES = [
     ([0, 1, 15, 16, 17, 300], 16, 128, 32, 8, torch.bfloat16),
     (ragged_lengths(9, 1, 3000, seed=1), 16, 128, 32, 8, torch.float16),
     ([1, 2, 33, 64, 65], 1, 128, 8, 8, torch.float32),
-    ([5000, 12000], 16, 64, 8, 1, torch.bfloat16),
-    ([40000], 16, 128, 32, 8, torch.bfloat16),
+    ([40000], 16, 64, 8, 1, torch.bfloat16),
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "triton_split", "auto"])
+@pytest.mark.parametrize("backend", ["triton", "triton_split"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_quantised_matches_float64(backend, case, fmt):
@@ -45,3 +44,22 @@ def test_gpu_quantised_split_any_chunking(num_chunks, fmt):
     chunk = -(-max(lens) // num_chunks)
     out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk, -(-max(lens) // chunk)))
     assert_close(out, inp.reference(), name=f"{fmt} split into {num_chunks}")
+
+
+@pytest.mark.parametrize("fmt", ["fp8_token_head", "int4"])
+def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt):
+    lens = [300, 4000, 17]
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=3).quantized(fmt)
+    plan = paged_ref.plan_decode(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 block_size=16, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(inp.q)
+    paged_ref.paged_attention(*inp.args(), plan=plan, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_ref.paged_attention(*inp.args(), plan=plan, out=out)
+    inp.q.copy_(torch.randn_like(inp.q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, inp.reference(), name=f"{fmt} graph replay")

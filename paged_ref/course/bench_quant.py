@@ -50,26 +50,28 @@ def float64_reference(inp: PagedInputs) -> torch.Tensor:
                                  inp.seq_lens, max_len=int(inp.seq_lens.max()))
 
 
-def our_runners(inp: PagedInputs) -> dict:
-    """label -> (backend, info, callable): the one-pass kernel and the split kernel with the
-    plan ``paged_attention`` would make (made once, outside the timing)."""
+def our_runners(inp: PagedInputs, configs=()) -> dict:
+    """label -> (backend, info, callable): the kernel ``paged_attention`` runs for these inputs
+    (the split kernel with the plan it would make, made once outside the timing; a one-chunk
+    plan is the one-pass kernel), or with ``configs`` the one-pass kernel at each config."""
     from paged_ref.kernels.triton_decode import paged_attention_triton
     from paged_ref.kernels.triton_split import SplitScratch, paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
 
+    out = torch.empty_like(inp.q)
+    args = inp.args()
+    if configs:
+        return {f"triton[t{c.tile},w{c.num_warps},s{c.num_stages}]": (
+            "triton", {"config": vars(c).copy(), "sweep": "configs"},
+            lambda c=c: paged_attention_triton(*args, config=c, out=out)) for c in configs}
     lengths = Lengths(int(inp.seq_lens.max()), int(inp.seq_lens.sum()))
     plan = plan_for_inputs(inp.q, inp.k_cache, lengths)
-    out = torch.empty_like(inp.q)
     batch, num_q_heads, head_dim = inp.q.shape
     scratch = SplitScratch.allocate(batch, num_q_heads, inp.k_cache.shape[2], head_dim, plan,
                                     inp.q.device)
-    args = inp.args()
-    return {
-        "triton": ("triton", {}, lambda: paged_attention_triton(*args, out=out)),
-        "triton_split": ("triton_split", {"num_chunks": plan.num_chunks},
-                         lambda: paged_attention_split(*args, plan=plan, out=out,
-                                                       scratch=scratch)),
-    }
+    backend = "triton_split" if plan.num_chunks > 1 else "triton"
+    return {backend: (backend, {"num_chunks": plan.num_chunks},
+                      lambda: paged_attention_split(*args, plan=plan, out=out, scratch=scratch))}
 
 
 def flashinfer_runners(inp: PagedInputs) -> dict:
@@ -96,7 +98,7 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
     indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
     last = (lens - (pages - 1) * block_size).to(torch.int32)
     runners = {}
-    for tc in (False, True):
+    for tc in (True,):  # tensor cores on: FlashInfer's faster decode on the H200 (bench.json)
         workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_tensor_cores=tc)
@@ -108,9 +110,9 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
     return runners
 
 
-def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float):
-    """Rows for one case: ``who`` is ``"ours"`` (both kernels, every format) or
-    ``"flashinfer"`` (bf16 and fp8 only)."""
+def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, configs=()):
+    """Rows for one case: ``who`` is ``"ours"`` (every format), ``"sweep"`` (ours at each of
+    ``configs``) or ``"flashinfer"`` (the formats FlashInfer reads: bf16, fp8)."""
     from paged_ref.course.checks import relative_error
 
     plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
@@ -121,7 +123,8 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float):
             continue
         inp = plain if fmt == "bf16" else plain.quantized(fmt)
         ref = ref_bf16 if fmt == "bf16" else float64_reference(inp)
-        runners = our_runners(inp) if who == "ours" else flashinfer_runners(inp)
+        runners = (flashinfer_runners(inp) if who == "flashinfer"
+                   else our_runners(inp, configs if who == "sweep" else ()))
         checked = {}
         for label, (_, _, fn) in runners.items():
             try:
@@ -152,11 +155,13 @@ def mark_best(rows: list[dict]) -> list[dict]:
     """``best``: the fastest label of each (case, format, ours-or-FlashInfer)."""
     best: dict[tuple, dict] = {}
     for r in rows:
+        if r.get("sweep"):
+            continue
         key = (r["case"], r["kv_format"], r["backend"] == "flashinfer")
         if key not in best or r["ms"] < best[key]["ms"]:
             best[key] = r
     for r in rows:
-        r["best"] = best[(r["case"], r["kv_format"], r["backend"] == "flashinfer")] is r
+        r["best"] = best.get((r["case"], r["kv_format"], r["backend"] == "flashinfer")) is r
     return rows
 
 
@@ -165,7 +170,7 @@ def print_table(rows: list[dict]) -> None:
 
     print(tabulate([[r["case"], r["label"], f"{r['ms']:.4f}", f"{r['bytes'] / 1e6:.0f}",
                      f"{r['gbps']:.0f}", f"{r['pct_copy_bw']:.1f}", f"{r['rel_err']:.1e}",
-                     f"{r['rel_err_vs_bf16']:.1e}"] for r in rows if r["best"]],
+                     f"{r['rel_err_vs_bf16']:.1e}"] for r in rows],
                    headers=["case", "backend[format]", "ms", "MB read", "GB/s", "% copy bw",
                             "err (own)", "err vs bf16"]))
 
@@ -215,14 +220,19 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
     p.add_argument("--formats", default=",".join(FORMATS), help="from: " + ", ".join(FORMATS))
+    p.add_argument("--flashinfer-formats", default="fp8",
+                   help="formats to time FlashInfer on (bf16 and/or fp8; '' for none)")
     p.add_argument("--flashinfer-cases", default=",".join(CASES),
                    help="cases to time FlashInfer on, after all of ours ('' for none)")
+    p.add_argument("--sweep-configs", default="",
+                   help="case to time the one-pass kernel on over a few tile/warps/stages, last")
     p.add_argument("--out", default="quant.json", help="JSON path (the plot goes beside it)")
     args = p.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     formats = [f for f in args.formats.split(",") if f]
     fi_cases = [c for c in args.flashinfer_cases.split(",") if c]
-    bad = [c for c in cases + fi_cases if c not in CASES] + [
+    sweep = [args.sweep_configs] if args.sweep_configs else []
+    bad = [c for c in cases + fi_cases + sweep if c not in CASES] + [
         f for f in formats if f not in FORMATS]
     if bad:
         print(f"unknown case or format: {bad}", file=sys.stderr)
@@ -244,9 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     # Ours first, then FlashInfer (its first use of a kernel family JIT-compiles for a minute);
     # the JSON is rewritten after every case, so a run cut short keeps what it measured.
-    work = [(c, "ours") for c in cases] + [(c, "flashinfer") for c in fi_cases]
-    for name, who in tqdm(work, desc="cases", file=sys.stderr):
-        rows += run_case(name, CASES[name], formats, who, copy_bw)
+    from paged_ref.kernels.triton_decode import KernelConfig
+
+    fi_formats = [f for f in args.flashinfer_formats.split(",") if f]
+    configs = [KernelConfig(t, w, st) for t, w, st in ((64, 4, 3), (128, 4, 3), (64, 8, 3),
+                                                      (128, 8, 3), (64, 4, 4), (32, 4, 4))]
+    work = [(c, "ours", formats) for c in cases] + [(c, "flashinfer", fi_formats)
+                                                    for c in fi_cases]
+    if args.sweep_configs:
+        work.append((args.sweep_configs, "sweep", formats))
+    for name, who, fmts in tqdm(work, desc="cases", file=sys.stderr):
+        rows += run_case(name, CASES[name], fmts, who, copy_bw, configs)
         result = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
                   "large_cases": list(LARGE_CASES), "results": mark_best(rows)}
         out.write_text(json.dumps(result, indent=1))
