@@ -366,6 +366,27 @@ def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Te
     return dequantize_int4(qkv.data, qkv.scale, qkv.zero, fmt.group_size).to(dtype)
 
 
+def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -> None:
+    """Quantise ``values`` ``[n, Hkv, D]`` and store them in rows ``slots`` (long ``[n]``, on
+    the cache's device) of ``cache`` ``[num_blocks, block_size, Hkv, D]``: codes and per-token
+    scales; an fp8 per-tensor scale is used as it is. Unchecked (the callers check), no value
+    is read back, so it runs inside a CUDA graph."""
+    fmt = cache.format
+    if fmt.kind == "int4":
+        scale, zero = int4_scale_zero(values, fmt.group_size)
+        parts = ((cache.data, quantize_int4(values, scale, zero, fmt.group_size)),
+                 (cache.scale, scale), (cache.zero, zero))
+    elif fmt.scale_per == "token_head":
+        scale = fp8_scale(values, "token_head")
+        parts = ((cache.data, quantize_fp8(values, scale)), (cache.scale, scale))
+    else:
+        parts = ((cache.data, quantize_fp8(values, cache.scale)),)
+    for target, new in parts:
+        if target.dtype == FP8_DTYPE:  # (index_copy_ has no float8 kernel on every device)
+            target, new = target.view(torch.uint8), new.view(torch.uint8)
+        target.flatten(0, 1).index_copy_(0, slots, new)
+
+
 def check_tensor_scale(scale, device, name: str = "scale") -> torch.Tensor:
     """A per-tensor fp8 scale as a 0-d float32 tensor on ``device``; positive and finite."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):

@@ -26,7 +26,7 @@ import torch
 
 from paged_ref.allocator import check_int
 from paged_ref.cache_math import blocks_needed, token_slots
-from paged_ref.quant import KVFormat, QuantizedKV, check_tensor_scale, quantize
+from paged_ref.quant import KVFormat, QuantizedKV, check_tensor_scale, quantize, write_slots
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -149,12 +149,9 @@ class PagedKVCache:
         slots = self._slots(slot_mapping, k.shape[0])
         for cache, new in ((self.k_caches[layer], k), (self.v_caches[layer], v)):
             if isinstance(cache, QuantizedKV):
-                new_parts = self._quantize(new, cache.scale).tensors()
+                write_slots(cache, new, slots)  # quantised on the way in
             else:
-                new_parts = (new,)
-            for part, values in zip(self._parts(cache), new_parts, strict=True):
-                if part.dim() > 0:  # (a per-tensor scale stays as it is)
-                    part.flatten(0, 1)[slots] = values
+                cache.flatten(0, 1)[slots] = new
 
     def gather(
         self, layer: int, block_table, seq_len: int
