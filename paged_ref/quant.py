@@ -10,7 +10,7 @@ faster cache. Two formats, each described by a :class:`KVFormat`:
     as ``amax / 448``) or one per token and KV head (``per="token_head"``: ``amax / 448`` of
     that head's vector, computed as the token is written).
 
-``int4`` (``KVFormat.int4(group_size=64)``)
+``int4`` (``KVFormat.int4()``: a pair per half head; ``KVFormat.int4(group_size)``)
     half a byte per value: unsigned codes ``0..15``, two a byte (byte ``i`` holds channel ``i``
     in its low nibble and channel ``i + head_dim / 2`` in its high nibble). Each group of
     ``group_size`` consecutive channels of one token-head has its own float16 ``scale`` and
@@ -31,7 +31,7 @@ int4       uint8 ``[blocks, bs, Hkv, D // 2]``          float16 ``[blocks, bs, H
                                                        (``zero``: the same, float16)
 =========  ==========================================  =====================================
 
-    fmt = KVFormat.parse("int4")                 # or KVFormat.int4(group_size=64)
+    fmt = KVFormat.parse("int4")                 # or KVFormat.int4(); "int4_g128": one pair
     kq = quantize(k_cache, fmt)                  # QuantizedKV
     k_back = dequantize(kq)                      # float32, same shape as k_cache
     paged_attention(q, kq, vq, block_tables, seq_lens)   # q: float16/bfloat16/float32
@@ -61,7 +61,8 @@ class KVFormat:
 
     kind:       ``"fp8"`` (e4m3, one byte a value) or ``"int4"`` (half a byte a value).
     scale_per:  fp8: ``"tensor"`` (one scale per layer) or ``"token_head"``; int4: ``"group"``.
-    group_size: int4 only: channels per (scale, zero) pair: head_dim or head_dim / 2.
+    group_size: int4 only: channels per (scale, zero) pair: head_dim or head_dim / 2;
+                0 (the default, name ``"int4"``) means head_dim / 2 for any head_dim.
     """
 
     kind: str
@@ -81,8 +82,8 @@ class KVFormat:
             g = self.group_size
             if isinstance(g, bool) or not isinstance(g, int):
                 raise TypeError(f"group_size must be an int, got {type(g).__name__}")
-            if g < 1:
-                raise ValueError(f"group_size must be >= 1, got {g}")
+            if g < 0:
+                raise ValueError(f"group_size must be >= 1 (or 0: half the head), got {g}")
         elif self.group_size:
             raise ValueError(f"group_size is for int4 only, got {self.group_size} for fp8")
 
@@ -92,13 +93,15 @@ class KVFormat:
         return KVFormat("fp8", per)
 
     @staticmethod
-    def int4(group_size: int = 64) -> KVFormat:
-        """INT4, two codes a byte, a float16 (scale, zero) per ``group_size`` channels."""
+    def int4(group_size: int = 0) -> KVFormat:
+        """INT4, two codes a byte, a float16 (scale, zero) per ``group_size`` channels
+        (0: per half head, whatever head_dim is)."""
         return KVFormat("int4", "group", group_size)
 
     @staticmethod
     def parse(name: str | KVFormat) -> KVFormat:
-        """``"fp8"``, ``"fp8_token_head"``, ``"int4"`` (group 64) or ``"int4_g32"`` etc."""
+        """``"fp8"``, ``"fp8_token_head"``, ``"int4"`` (a pair per half head) or ``"int4_g32"``
+        (a pair per 32 channels) etc."""
         if isinstance(name, KVFormat):
             return name
         if not isinstance(name, str):
@@ -109,27 +112,31 @@ class KVFormat:
             return KVFormat.fp8("token_head")
         if name == "int4":
             return KVFormat.int4()
-        if name.startswith("int4_g") and name[6:].isdigit():
+        if name.startswith("int4_g") and name[6:].isdigit() and int(name[6:]) > 0:
             return KVFormat.int4(int(name[6:]))
         raise ValueError(f"kv_format must be one of {FORMAT_NAMES}, got {name!r}")
 
     @property
     def name(self) -> str:
-        """The name :meth:`parse` reads back (``"int4"`` for the default group of 64)."""
+        """The name :meth:`parse` reads back."""
         if self.kind == "fp8":
             return "fp8" if self.scale_per == "tensor" else "fp8_token_head"
-        return "int4" if self.group_size == 64 else f"int4_g{self.group_size}"
+        return "int4" if self.group_size == 0 else f"int4_g{self.group_size}"
 
     @property
     def data_dtype(self) -> torch.dtype:
         """Element type of the codes: float8_e4m3fn or uint8 (two INT4 codes a byte)."""
         return FP8_DTYPE if self.kind == "fp8" else torch.uint8
 
+    def group(self, head_dim: int) -> int:
+        """int4: channels per (scale, zero) pair for this head_dim."""
+        return self.group_size or head_dim // 2
+
     def check_head_dim(self, head_dim: int) -> None:
         """ValueError unless ``head_dim`` can be stored in this format (int4: group_size is
         head_dim or head_dim / 2)."""
-        if self.kind == "int4" and (head_dim % 2 or self.group_size not in (head_dim,
-                                                                          head_dim // 2)):
+        if self.kind == "int4" and (head_dim % 2 or self.group(head_dim) not in (
+                head_dim, head_dim // 2)):
             raise ValueError(
                 f"int4 needs an even head_dim and group_size = head_dim or head_dim / 2 (the "
                 f"two nibble halves of a byte); got head_dim {head_dim}, group_size "
@@ -144,7 +151,7 @@ class KVFormat:
         """
         if self.kind == "fp8":
             return head_dim + (4 if self.scale_per == "token_head" else 0)
-        return head_dim / 2 + 4 * head_dim / self.group_size
+        return head_dim / 2 + 4 * head_dim / self.group(head_dim)
 
     def data_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of ``data`` for values of ``shape`` (last dim = head_dim)."""
@@ -153,7 +160,7 @@ class KVFormat:
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of ``scale`` (and int4's ``zero``) for values of ``shape``."""
         if self.kind == "int4":
-            return (*shape[:-1], shape[-1] // self.group_size)
+            return (*shape[:-1], shape[-1] // self.group(shape[-1]))
         return tuple(shape[:-1]) if self.scale_per == "token_head" else ()
 
     @property
@@ -347,8 +354,9 @@ def quantize(
     if scale is not None and fmt.scale_per != "tensor":
         raise ValueError(f"scale= is for fp8 per tensor only; {fmt.name} computes its own")
     if fmt.kind == "int4":
-        s, z = int4_scale_zero(x, fmt.group_size)
-        return QuantizedKV(quantize_int4(x, s, z, fmt.group_size), s, z, fmt)
+        g = fmt.group(x.shape[-1])
+        s, z = int4_scale_zero(x, g)
+        return QuantizedKV(quantize_int4(x, s, z, g), s, z, fmt)
     if scale is None:
         s = fp8_scale(x, fmt.scale_per)
     else:
@@ -363,7 +371,7 @@ def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Te
     fmt = qkv.format
     if fmt.kind == "fp8":
         return dequantize_fp8(qkv.data, qkv.scale).to(dtype)
-    return dequantize_int4(qkv.data, qkv.scale, qkv.zero, fmt.group_size).to(dtype)
+    return dequantize_int4(qkv.data, qkv.scale, qkv.zero, fmt.group(qkv.shape[-1])).to(dtype)
 
 
 def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -> None:
@@ -373,8 +381,9 @@ def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -
     is read back, so it runs inside a CUDA graph."""
     fmt = cache.format
     if fmt.kind == "int4":
-        scale, zero = int4_scale_zero(values, fmt.group_size)
-        parts = ((cache.data, quantize_int4(values, scale, zero, fmt.group_size)),
+        g = fmt.group(values.shape[-1])
+        scale, zero = int4_scale_zero(values, g)
+        parts = ((cache.data, quantize_int4(values, scale, zero, g)),
                  (cache.scale, scale), (cache.zero, zero))
     elif fmt.scale_per == "token_head":
         scale = fp8_scale(values, "token_head")

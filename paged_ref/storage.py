@@ -16,8 +16,8 @@ token order through its block table (what the reference attention does).
 
 With ``kv_format="fp8"`` / ``"fp8_token_head"`` / ``"int4"`` (see :mod:`paged_ref.quant`) each
 layer's K and V are :class:`~paged_ref.QuantizedKV` (codes + scales): ``write`` quantises the
-tokens as they enter, ``gather`` de-quantises, and ``layer`` returns the pair that
-``paged_attention`` takes as it is.
+tokens as they enter, ``gather`` de-quantises, ``layer`` returns the pair that
+``paged_attention`` takes as it is, and ``copy_blocks`` copies codes and scales together.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from paged_ref.allocator import check_int
 from paged_ref.cache_math import blocks_needed, token_slots
-from paged_ref.quant import KVFormat, QuantizedKV, check_tensor_scale, quantize, write_slots
+from paged_ref.quant import FP8_DTYPE, KVFormat, QuantizedKV, check_tensor_scale, write_slots
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -42,8 +42,12 @@ class PagedKVCache:
         device: where the tensors live.
         kv_format: None (store ``dtype`` values) or a quantised format: ``"fp8"``,
             ``"fp8_token_head"``, ``"int4"``, ``"int4_g32"``... or a :class:`KVFormat`.
-        k_scale, v_scale: fp8 per tensor only: each layer's K and V scale (floats; as vLLM,
+        k_scale, v_scale: fp8 per tensor only: every layer's K and V scale (floats; as vLLM,
             default 1.0; calibrate as ``amax / 448``). Values beyond ``448 * scale`` saturate.
+        num_host_blocks: blocks of a host tier for the prefix cache's spills (0 = none):
+            ``host_kv``, ``[num_host_blocks, 2, num_layers, block_size, Hkv, D]`` in CPU memory
+            (each host block one contiguous piece: K and V of all layers), pinned when CUDA is
+            available, so each block crosses PCIe as one direct copy.
 
     The tensors start as zeros, so a slot never written reads as 0 (deterministic, easy to
     draw). Tests and lessons write fresh random K/V before reading anything.
@@ -60,6 +64,7 @@ class PagedKVCache:
         *,
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
+        num_host_blocks: int = 0,
         kv_format: str | KVFormat | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
@@ -73,23 +78,26 @@ class PagedKVCache:
             raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
         self.kv_format = None if kv_format is None else KVFormat.parse(kv_format)
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.num_host_blocks = check_int("num_host_blocks", num_host_blocks)
+        # One tensor [2 (K, V), num_layers, num_blocks, block_size, Hkv, D]; each layer's K and
+        # V are contiguous views of it, so one indexed copy moves a block in every layer.
+        # Quantised: one such tensor per part (codes, scales, zeros), see _quantised_parts.
+        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         if self.kv_format is None:
-            self.k_caches: list = [torch.zeros(shape, dtype=dtype, device=device)
-                                   for _ in range(num_layers)]
-            self.v_caches: list = [torch.zeros(shape, dtype=dtype, device=device)
-                                   for _ in range(num_layers)]
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
+            self.parts = [self.kv]
+            self.k_caches: list = list(self.kv[0].unbind(0))
+            self.v_caches: list = list(self.kv[1].unbind(0))
         else:
-            self.kv_format.check_head_dim(head_dim)
-            if self.kv_format.scale_per != "tensor" and (k_scale != 1.0 or v_scale != 1.0):
-                raise ValueError(f"k_scale/v_scale are for fp8 per tensor only; "
-                                 f"{self.kv_format.name} computes its scales as it writes")
-            scales = (check_tensor_scale(k_scale, device, "k_scale"),
-                      check_tensor_scale(v_scale, device, "v_scale"))
-            zeros = torch.zeros(shape, dtype=dtype, device=device)
+            self.kv = None
+            self.parts = self._quantised_parts(shape, device, k_scale, v_scale)
             self.k_caches, self.v_caches = (
-                [self._quantize(zeros, s) for _ in range(num_layers)] for s in scales)
-        self.device = self._parts(self.k_caches[0])[0].device  # "cuda" resolved to "cuda:0"
+                [QuantizedKV(*(p[kv, i] if p is not None else None for p in self.parts),
+                             self.kv_format) for i in range(num_layers)] for kv in (0, 1))
+        self.device = self.parts[0].device  # "cuda" resolved to "cuda:0"
+        self.host_kv = torch.zeros(
+            (self.num_host_blocks, 2, num_layers, block_size, num_kv_heads, head_dim),
+            dtype=dtype, pin_memory=torch.cuda.is_available() and self.num_host_blocks > 0)
 
     @property
     def num_slots(self) -> int:
@@ -111,7 +119,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of all K and V tensors (codes and scales when quantised)."""
-        return sum(t.nbytes for c in self.k_caches + self.v_caches for t in self._parts(c))
+        return sum(p.nbytes for p in self.parts if p is not None)
 
     def layer(self, layer: int) -> tuple:
         """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``
@@ -164,8 +172,7 @@ class PagedKVCache:
             seq_len: tokens to read.
 
         Returns:
-            k, v: ``[seq_len, num_kv_heads, head_dim]`` in the cache's dtype (de-quantised
-            when the cache is quantised).
+            k, v: ``[seq_len, num_kv_heads, head_dim]`` in the cache's dtype.
         """
         self._check_layer(layer)
         seq_len = check_int("seq_len", seq_len)
@@ -186,16 +193,70 @@ class PagedKVCache:
         )
         return tuple(self._rows(c, slots) for c in (self.k_caches[layer], self.v_caches[layer]))
 
+    def copy_blocks(self, pairs) -> None:
+        """Copy block ``src`` to block ``dst`` for each ``(src, dst)`` in ``pairs``, in every
+        layer's K and V: one batched gather + scatter on the cache's device (what
+        ``KVCacheManager.take_copies()`` returns after copy-on-writes). An empty list does
+        nothing. All sources are read before any destination is written.
+
+        Raises:
+            TypeError: ``pairs`` is not a list/tuple of ``(int, int)`` pairs.
+            ValueError: an id outside ``[0, num_blocks)``, a pair copying a block onto
+                itself, or two pairs writing the same ``dst``. Nothing is copied then.
+        """
+        src, dst = self._pairs(pairs, self.num_blocks, self.num_blocks, same_pool=True)
+        if src:
+            src, dst = self._index(src), self._index(dst)
+            for part in self.parts:  # values, or codes and per-token scales alike
+                if part is not None and part.dim() > 2:  # (a per-tensor scale has no blocks)
+                    part = part.view(torch.uint8) if part.dtype == FP8_DTYPE else part
+                    part[:, :, dst] = part[:, :, src]
+
+    def swap_out(self, pairs) -> None:
+        """Copy device block ``src`` to host slot ``dst`` for each ``(src, dst)``, every layer's
+        K and V (a spill of an evicted cached block). Same checks as :meth:`copy_blocks`."""
+        src, dst = self._pairs(pairs, self.num_blocks, self.num_host_blocks)
+        if src:  # one gather on the device, then one contiguous copy per block
+            staged = self.kv[:, :, self._index(src)].permute(2, 0, 1, 3, 4, 5).contiguous()
+            for i, slot in enumerate(dst):
+                self.host_kv[slot].copy_(staged[i], non_blocking=True)
+
+    def swap_in(self, pairs) -> None:
+        """Copy host slot ``src`` to device block ``dst`` for each ``(src, dst)``, every layer's
+        K and V (a prefix-cache hit in the host tier). Same checks as :meth:`copy_blocks`."""
+        src, dst = self._pairs(pairs, self.num_host_blocks, self.num_blocks)
+        if src:  # one contiguous copy per block into a staging buffer, then one scatter
+            staged = torch.empty((len(src), *self.host_kv.shape[1:]), dtype=self.dtype,
+                                 device=self.device)
+            for i, slot in enumerate(src):
+                staged[i].copy_(self.host_kv[slot], non_blocking=True)
+            self.kv[:, :, self._index(dst)] = staged.permute(1, 2, 0, 3, 4, 5)
+
     # ---- quantised storage ------------------------------------------------------------------
 
-    def _quantize(self, values: torch.Tensor, tensor_scale: torch.Tensor) -> QuantizedKV:
-        """``values`` in the cache's format (fp8 per tensor uses the layer's fixed scale)."""
-        scale = tensor_scale if self.kv_format.scale_per == "tensor" else None
-        return quantize(values, self.kv_format, scale=scale)
-
-    @staticmethod
-    def _parts(cache) -> tuple[torch.Tensor, ...]:
-        return cache.tensors() if isinstance(cache, QuantizedKV) else (cache,)
+    def _quantised_parts(self, shape, device, k_scale, v_scale) -> list:
+        """``[codes, scales, zeros or None]``, each ``[2 (K, V), num_layers, ...]``: codes as
+        ``kv_format.data_shape``, scales as ``scale_shape`` (an fp8 per-tensor scale: one per
+        layer, ``k_scale`` / ``v_scale``). All zero: a slot never written reads as 0."""
+        fmt = self.kv_format
+        fmt.check_head_dim(self.head_dim)
+        if self.num_host_blocks:
+            raise ValueError("num_host_blocks: the host tier holds plain caches only, not "
+                             f"kv_format={fmt.name!r}")
+        if fmt.scale_per != "tensor" and (k_scale != 1.0 or v_scale != 1.0):
+            raise ValueError(f"k_scale/v_scale are for fp8 per tensor only; {fmt.name} computes "
+                             "its scales as it writes")
+        codes = torch.zeros((*shape[:2], *fmt.data_shape(shape[2:])), dtype=torch.uint8,
+                            device=device).view(fmt.data_dtype)
+        if fmt.scale_per == "tensor":
+            scales = torch.stack([check_tensor_scale(k_scale, device, "k_scale"),
+                                  check_tensor_scale(v_scale, device, "v_scale")])
+            scales = scales[:, None].repeat(1, shape[1])  # [2, num_layers]
+        else:
+            scales = torch.zeros((*shape[:2], *fmt.scale_shape(shape[2:])),
+                                 dtype=fmt.scale_dtype, device=device)
+        zeros = torch.zeros_like(scales) if fmt.kind == "int4" else None
+        return [codes, scales, zeros]
 
     def _rows(self, cache, slots: torch.Tensor) -> torch.Tensor:
         """Rows ``slots`` of a layer's cache, in the cache's dtype."""
@@ -203,7 +264,41 @@ class PagedKVCache:
             return cache.take_slots(slots).dequantize(self.dtype)
         return cache.flatten(0, 1)[slots]
 
-    # ---- argument checks --------------------------------------------------------------------
+    def apply_block_ops(self, ops) -> None:
+        """Run what ``KVCacheManager.take_block_ops()`` returned: spills to the host, copies
+        back from it, then copy-on-writes (that order: a spilled block may be reused as the
+        destination of the others)."""
+        self.swap_out(ops.swap_out)
+        self.swap_in(ops.swap_in)
+        self.copy_blocks(ops.copies)
+
+    # ---- argument checks
+
+    def _index(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _pairs(pairs, num_src: int, num_dst: int, *, same_pool: bool = False):
+        """Checked ``(src, dst)`` pairs as two lists of ids."""
+        if not isinstance(pairs, (list, tuple)):
+            raise TypeError(f"pairs must be a list of (src, dst) pairs, got {type(pairs).__name__}")
+        src, dst = [], []
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"pairs[{i}] must be a (src, dst) pair, got {pair!r}")
+            for name, block_id, out, limit in (("src", pair[0], src, num_src),
+                                               ("dst", pair[1], dst, num_dst)):
+                block_id = check_int(f"pairs[{i}] {name}", block_id)
+                if block_id >= limit:
+                    raise ValueError(f"pairs[{i}] {name} = {block_id} is outside [0, {limit})")
+                out.append(block_id)
+            if same_pool and src[-1] == dst[-1]:
+                raise ValueError(f"pairs[{i}] copies block {src[-1]} onto itself")
+        if len(set(dst)) != len(dst):
+            raise ValueError(f"pairs writes a destination block twice: {list(pairs)!r}")
+        return src, dst
+
+    # ---- checks of single arguments -----------------------------------------------------
 
     def _check_layer(self, layer) -> None:
         check_int("layer", layer, minimum=None)

@@ -10,7 +10,7 @@ from paged_ref import KVFormat, PagedKVCache, QuantizedKV, dequantize, quantize
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.quant import FP8_MAX, pack_int4, unpack_int4
 
-FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g32"]
+FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g64"]
 
 
 def _values(shape, seed, outliers=True):
@@ -159,7 +159,8 @@ def test_quantized_kv_names_the_bad_part():
     with pytest.raises(TypeError, match="x must be"):
         quantize(x.to(torch.int32), "fp8")
     with pytest.raises(ValueError, match="group_size"):
-        KVFormat.int4(0)
+        KVFormat.int4(-1)
+    assert KVFormat.int4().group(64) == 32 and KVFormat.parse("int4_g128").group(64) == 128
     with pytest.raises(ValueError, match="scale_per"):
         KVFormat("fp8", "group")
 
@@ -174,3 +175,24 @@ def test_dequantized_cache_matches_its_reference():
         plain = type(inp)(inp.q, dequantize(qin.k_cache), dequantize(qin.v_cache),
                           inp.block_tables, inp.seq_lens)
         assert_close(qin.reference(), plain.reference(), rel_tol=1e-12, name=name)
+
+
+@pytest.mark.parametrize("name", ["fp8", "int4_g32"])
+def test_cache_copy_blocks_copies_codes_and_scales(name):
+    cache = PagedKVCache(2, num_blocks=5, block_size=4, num_kv_heads=2, head_dim=64,
+                         kv_format=name, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    for layer in range(2):
+        k, v = torch.randn(2, 8, 2, 64, generator=gen)
+        cache.write(layer, k, v, list(range(4, 12)))  # blocks 1 and 2
+    before = [cache.gather(layer, [1, 2], 8) for layer in range(2)]
+    cache.copy_blocks([(1, 3), (2, 4)])
+    for layer in range(2):
+        after = cache.gather(layer, [3, 4], 8)
+        for got, want in zip(after, before[layer], strict=True):
+            assert_equal(got, want, name=f"layer {layer} copied block")
+
+
+def test_cache_host_tier_is_for_plain_caches():
+    with pytest.raises(ValueError, match="num_host_blocks"):
+        PagedKVCache(1, 4, 4, 2, 64, kv_format="fp8", num_host_blocks=2)

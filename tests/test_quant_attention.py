@@ -28,8 +28,8 @@ CASES = [
     ("fp8th_bs1_d128", "fp8_token_head", [3, 7], 4, 2, 128, 1, F32, "large"),
     ("int4_bs16_gqa4", "int4", [31, 16, 0], 8, 2, 64, 16, F32, "nan"),
     ("int4_bs8_bf16", "int4", [5, 26], 4, 1, 64, 8, BF16, "large"),
-    ("int4g32_bs32_f16", "int4_g32", [40, 1], 8, 8, 64, 32, F16, "large"),
-    ("int4g64_d128_bs16", "int4_g64", [20, 49], 4, 2, 128, 16, F32, "nan"),
+    ("int4g64_bs32_f16", "int4_g64", [40, 1], 8, 8, 64, 32, F16, "large"),
+    ("int4g128_d128_bs16", "int4_g128", [20, 49], 4, 2, 128, 16, F32, "nan"),
 ]
 BACKENDS = ["torch", "triton", "triton_split"]
 
@@ -53,7 +53,7 @@ def test_matches_float64_of_dequantised_cache(backend, case):
             assert_equal(out[b].float(), torch.zeros(out.shape[1:]), name=f"row {b}")
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4_g32"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
 def test_split_kernel_in_chunks(fmt):
     """Chunks of 16 tokens (not a multiple of the block size 12): the lse merge of
     de-quantised partials."""
@@ -95,7 +95,7 @@ def test_mixed_plain_and_quantised_is_a_type_error():
         paged_attention(inp.q, qi.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
     with pytest.raises(TypeError, match="k_cache must be a QuantizedKV"):
         paged_attention(inp.q, inp.k_cache, qi.v_cache, inp.block_tables, inp.seq_lens)
-    other = quantize(inp.v_cache, "int4_g32")
+    other = quantize(inp.v_cache, "int4_g64")
     with pytest.raises(TypeError, match="v_cache format"):
         paged_attention(inp.q, qi.k_cache, other, inp.block_tables, inp.seq_lens)
 

@@ -24,7 +24,7 @@ import torch
 from paged_ref.cache_math import blocks_needed
 
 PASSAGE = Path(__file__).resolve().parents[2] / "data" / "passage.txt"
-FORMATS = (None, "fp8", "fp8_token_head", "int4", "int4_g32")
+FORMATS = (None, "fp8", "int4", "fp8_token_head", "int4_g64")
 
 
 @torch.inference_mode()
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=0, help="free-running prompts (0: none)")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--formats", default="fp32,fp8,int4_g32,fp8_token_head,int4")
+    p.add_argument("--formats", default="fp32,fp8,int4,fp8_token_head,int4_g64")
     args = p.parse_args(argv)
     from paged_ref.engine import load_smollm2
 

@@ -7,6 +7,7 @@ and in the unused slots of the cache (random large values, or NaN), never ``aran
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -150,3 +151,50 @@ def ragged_lengths(batch: int, low: int, high: int, seed: int = 0) -> list[int]:
     """``batch`` lengths drawn uniformly from ``[low, high]`` with a fixed seed."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(low, high + 1, (batch,), generator=gen).tolist()
+
+
+@dataclass
+class PrefillInputs:
+    """One prefill step's inputs: the cache of :class:`PagedInputs` plus packed query rows.
+
+    q:               [total_query_tokens, num_q_heads, head_dim]
+    query_start_loc: [batch + 1] int32; sequence b owns q rows query_start_loc[b]:[b+1],
+                     its last ``query_lens[b]`` tokens (already in the cache)
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """Positional arguments for ``paged_prefill``."""
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc)
+
+    def reference(self, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+        """The float64 answer, [total_query_tokens, num_q_heads, head_dim]."""
+        from paged_ref.prefill import paged_prefill_reference
+
+        return paged_prefill_reference(*self.args(), scale=scale, causal=causal)
+
+
+def make_prefill_inputs(
+    seq_lens: list[int], query_lens: list[int], *, seed: int = 0, **kwargs
+) -> PrefillInputs:
+    """Random prefill inputs: sequence b has ``seq_lens[b]`` cached tokens, of which the last
+    ``query_lens[b]`` are queries. Cache, tables and poison as in :func:`make_paged_inputs`
+    (same keyword arguments)."""
+    if len(query_lens) != len(seq_lens):
+        raise ValueError(f"query_lens has {len(query_lens)} entries, seq_lens {len(seq_lens)}")
+    cache = make_paged_inputs(seq_lens, seed=seed, **kwargs)
+    total = sum(query_lens)
+    device = cache.q.device
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    q = torch.randn(total, cache.q.shape[1], cache.q.shape[2], generator=gen, device=device)
+    starts = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32,
+                          device=device)
+    return PrefillInputs(q.to(cache.q.dtype), cache.k_cache, cache.v_cache, cache.block_tables,
+                         cache.seq_lens, starts)

@@ -1,0 +1,61 @@
+"""The scheduler's two decisions, as small pure functions (lesson 09's exercises).
+
+* :func:`admit_count` -- admission under a block budget: how many waiting requests, taken
+  first come first served from the head of the queue, start this step.
+* :func:`choose_victim` -- preemption: when a running request needs a block and none is free,
+  which running request gives its blocks up.
+
+:class:`paged_ref.engine.scheduler.Scheduler` calls these (or the learner's versions, passed in
+as ``admit=`` / ``choose_victim=``). ``solutions/ex09_scheduler.py`` holds the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from paged_ref.cache_math import blocks_needed
+
+
+def admit_count(waiting_lens: Sequence[int], free_blocks: int, block_size: int,
+                token_budget: int, seats: int) -> int:
+    """How many requests from the head of the waiting queue start this step.
+
+    Args:
+        waiting_lens: tokens each waiting request must compute (its prompt), queue order.
+        free_blocks: blocks the pool can hand out now.
+        block_size: tokens per block.
+        token_budget: tokens this step may still compute (the rest of the step's budget).
+        seats: how many more requests may run at once.
+
+    Walk the queue in order. Request ``i`` computes ``chunk = min(waiting_lens[i], budget
+    left)`` tokens this step (chunked prefill: a long prompt gets what is left of the budget)
+    and needs ``blocks_needed(chunk, block_size)`` blocks for them. Admit it if a seat is left,
+    the budget left is positive and its blocks are free; then take its blocks and its chunk
+    from what is left. Stop at the first request that does not fit: first come first served
+    never lets a later request overtake an earlier one.
+    """
+    admitted = 0
+    for n in waiting_lens:
+        if admitted == seats or token_budget <= 0:
+            break
+        chunk = min(n, token_budget)
+        need = blocks_needed(chunk, block_size)
+        if need > free_blocks:
+            break
+        free_blocks -= need
+        token_budget -= chunk
+        admitted += 1
+    return admitted
+
+
+def choose_victim(candidates: Sequence) -> int:
+    """Index in ``candidates`` of the running request to preempt.
+
+    ``candidates`` are running requests (objects with ``req_id``: lower ids arrived earlier),
+    all of them at least as late in the queue as the one that needs a block. Preempt the one
+    that arrived last: it has waited least, and under first come first served the earliest
+    request must keep making progress (so some request always finishes).
+    """
+    if not candidates:
+        raise ValueError("choose_victim needs at least one candidate")
+    return max(range(len(candidates)), key=lambda i: candidates[i].req_id)

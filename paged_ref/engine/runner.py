@@ -1,0 +1,246 @@
+"""The model runner: a Hugging Face Llama-family model, run over the paged KV cache.
+
+It uses the model's own modules -- embeddings, RMS norms, the q/k/v/o projections, rotary
+embeddings, MLPs, the final norm and the LM head -- and replaces only attention and the cache:
+
+    for each layer:
+        x      = input_layernorm(h)
+        q,k,v  = q_proj(x), k_proj(x), v_proj(x)         # [T, heads, head_dim], T = step tokens
+        q,k    = rotary(q, k, positions)
+        write k, v into the paged cache at slot_mapping  # one slot per token of this step
+        a      = paged_prefill(q, cache, ...)             # prompt chunks (causal, offset by the
+                                                          # cached prefix); decode steps use
+                 paged_attention(q, cache, ..., plan)     # one query token per request
+        h      = h + o_proj(a);  h = h + mlp(post_attention_layernorm(h))
+
+All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
+``query_start_loc[b]:query_start_loc[b+1]``. There is no Hugging Face cache object.
+
+On a GPU, steps where every request decodes one token run as CUDA graphs captured once per
+batch-size bucket (1, 2, 4, 8, 16, 24, 32, ... up to ``max_num_seqs``): a smaller batch is padded
+to its bucket with rows of length 0 that write their K/V to a spare block no request owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from paged_ref.cache_math import blocks_needed
+from paged_ref.engine import ops
+from paged_ref.storage import PagedKVCache
+
+
+@dataclass
+class StepInputs:
+    """One step's batch, on the host. ``B`` requests, ``T`` tokens in all.
+
+    input_ids, positions, slot_mapping: ``[T]``; query_start_loc: ``[B + 1]``;
+    seq_lens: ``[B]`` (tokens in the cache after this step's writes); block_tables: ``B``
+    lists; sample_rows: requests (indices into ``B``) whose last token's logits are sampled.
+    """
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]
+
+    @property
+    def is_decode(self) -> bool:
+        """Every request computes exactly one token."""
+        return len(self.input_ids) == len(self.seq_lens)
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to ``max_num_seqs``."""
+    small = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
+    return small + list(range(16, max_num_seqs, 16)) + [max_num_seqs]
+
+
+class ModelRunner:
+    """Runs ``model`` (a transformers ``LlamaForCausalLM``-like model) one step at a time.
+
+    Args:
+        model: its weights and modules are used in place (never copied or changed), so one
+            model can back several runners.
+        num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
+            block more, the padding rows' scratch block.
+        num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
+        attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
+        cuda_graphs: capture decode steps (default: on a CUDA device).
+        max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
+                 attention_backend: str = "auto", cuda_graphs: bool | None = None,
+                 max_num_seqs: int = 256, max_model_len: int = 4096,
+                 kv_format: str | None = None) -> None:
+        cfg = model.config
+        self.model = model
+        self.layers = list(model.model.layers)
+        self.num_q_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_q_heads
+        self.vocab_size = cfg.vocab_size
+        self.scale = self.layers[0].self_attn.scaling
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.block_size = block_size
+        self.backend = attention_backend
+        self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
+                                  self.num_kv_heads, self.head_dim, dtype=self.dtype,
+                                  device=self.device, num_host_blocks=num_host_blocks,
+                                  kv_format=kv_format)
+        self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
+        self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs:
+            self._capture(graph_buckets(max_num_seqs))
+
+    # ---- the forward pass -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, slot_mapping, attend) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` after the final norm. ``attend(layer, q)`` runs
+        attention over the cache (after this step's K/V are written) and returns ``[T, Hq, D]``.
+        """
+        inner = self.model.model
+        h = inner.embed_tokens(input_ids)
+        cos, sin = inner.rotary_emb(h, positions[None])
+        cos, sin = cos[0], sin[0]  # [T, head_dim]
+        num_tokens = input_ids.shape[0]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(num_tokens, self.num_q_heads, self.head_dim)
+            k = attn.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+            k_cache, v_cache = self.cache.k_caches[i], self.cache.v_caches[i]
+            ops.write_kv(k_cache, v_cache, k, v, slot_mapping)
+            a = attend(i, q.contiguous())
+            h = h + attn.o_proj(a.reshape(num_tokens, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return inner.norm(h)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The most likely next token of each row of ``hidden`` (int64 ``[rows]``)."""
+        return self.model.lm_head(hidden).float().argmax(dim=-1)
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs) -> list[int]:
+        """Run one step; return the greedy next token of each of ``step.sample_rows``."""
+        if not step.sample_rows and not step.input_ids:
+            return []
+        batch = len(step.seq_lens)
+        if step.is_decode and self.graphs and batch <= max(self.graphs):
+            return self._replay(step)[: batch][step.sample_rows].tolist() if step.sample_rows \
+                else []
+        dev = self.device
+
+        def as_tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        input_ids = as_tensor(step.input_ids, torch.long)
+        positions = as_tensor(step.positions, torch.long)
+        slots = as_tensor(step.slot_mapping, torch.long)
+        seq_lens = as_tensor(step.seq_lens, torch.int32)
+        tables = self._tables(step.block_tables)
+        qsl = as_tensor(step.query_start_loc, torch.int32)
+        caches = self.cache
+        if step.is_decode:
+            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0], dtype=self.dtype,
+                                   num_q_heads=self.num_q_heads, scale=self.scale,
+                                   backend=self.backend)
+
+            def attend(i, q):
+                return ops.decode_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
+                                            seq_lens, plan=plan)
+        else:
+            def attend(i, q):
+                return ops.prefill_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
+                                             seq_lens, qsl, scale=self.scale,
+                                             backend=self.backend)
+
+        hidden = self.forward(input_ids, positions, slots, attend)
+        last_rows = as_tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
+                              torch.long)
+        return self.greedy(hidden[last_rows]).tolist()
+
+    def _tables(self, block_tables: list[list[int]]) -> torch.Tensor:
+        """Block tables as int32 ``[B, longest]`` (short rows padded with 0: never read)."""
+        width = max(1, max(len(t) for t in block_tables))
+        rows = [t + [0] * (width - len(t)) for t in block_tables]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+
+    # ---- CUDA graphs for decode steps ---------------------------------------------------------
+
+    def _capture(self, buckets: list[int]) -> None:
+        """Capture one decode step per bucket size into CUDA graphs (largest first, one pool)."""
+        dev, n = self.device, max(buckets)
+        self.g_input_ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.g_positions = torch.zeros(n, dtype=torch.long, device=dev)
+        self.g_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
+        self.g_seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.g_tables = torch.zeros(n, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
+        self.g_tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        max_len = self.max_blocks_per_seq * self.block_size
+        pool = None
+        for b in sorted(buckets, reverse=True):
+            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], dtype=self.dtype,
+                                   num_q_heads=self.num_q_heads,
+                                   scale=self.scale, backend=self.backend, max_seq_len=max_len)
+
+            def step(b=b, plan=plan):
+                def attend(i, q):
+                    return ops.decode_attention(
+                        q, self.cache.k_caches[i], self.cache.v_caches[i], self.g_tables[:b],
+                        self.g_seq_lens[:b], plan=plan)
+                hidden = self.forward(self.g_input_ids[:b], self.g_positions[:b],
+                                      self.g_slots[:b], attend)
+                self.g_tokens[:b] = self.greedy(hidden)
+
+            graph = self._capture_one(step, pool)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[b] = graph
+
+    @staticmethod
+    @torch.inference_mode()
+    def _capture_one(step, pool):
+        """Run ``step`` once (Triton compiles, cuBLAS picks kernels), then capture it."""
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            step()
+        torch.cuda.synchronize()
+        return graph
+
+    def _replay(self, step: StepInputs) -> torch.Tensor:
+        """Copy the step into the static buffers, replay the bucket's graph; tokens ``[bucket]``."""
+        batch = len(step.seq_lens)
+        bucket = min(b for b in self.graphs if b >= batch)
+        pad = bucket - batch
+        width = max(len(t) for t in step.block_tables)
+        tables = np.zeros((bucket, width), dtype=np.int32)  # padding rows: length 0, never read
+        for row, table in enumerate(step.block_tables):
+            tables[row, : len(table)] = table
+        host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
+                             step.slot_mapping + [self.scratch_slot] * pad], dtype=torch.long)
+        self.g_input_ids[:bucket].copy_(host[0])
+        self.g_positions[:bucket].copy_(host[1])
+        self.g_slots[:bucket].copy_(host[2])
+        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
+        self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
+        self.graphs[bucket].replay()
+        return self.g_tokens[:bucket]

@@ -1,0 +1,257 @@
+"""A hypothesis state machine over add / fork / append / decode step / free / evict, with
+prefix caching on and off, driving a real :class:`PagedKVCache` the way an engine does.
+
+Every token's K/V is derived from its id, its position and a fingerprint of the whole prefix
+up to it (as a real model's K/V depend on every earlier token), written through the manager's
+slots, so reading a sequence back shows exactly which prefix its blocks hold. The model knows every
+token; sometimes it hides a token id from the manager (``append_slot`` without ``token_id``).
+
+Checked after every step: conservation (plain free + evictable + held == num_blocks); each held
+block's reference count equals the number of tables that list it; nothing held is free or
+evictable; every live sequence reads back exactly its tokens (so no write landed in a block
+another sequence holds and nothing held was evicted); every cached block holds exactly the
+tokens it is cached for (so a hit returns the prompt's tokens); failed calls change nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from paged_ref import KVCacheManager, OutOfBlocksError, PagedKVCache
+from paged_ref.cache_math import blocks_needed
+from paged_ref.manager import hash_block_tokens
+from tests.test_sharing import snapshot
+
+TOKENS = st.integers(0, 2)  # a tiny vocabulary, so prompts share prefixes often
+
+
+def token_kv(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """K = (token id, position), V = (prefix fingerprint, -token id), each ``[n, 1, 2]``.
+
+    The fingerprint ``f_t = (3 f_{t-1} + token_t + 1) mod 1000003`` stays exact in float32.
+    """
+    fingerprint, prints = 0, []
+    for t in tokens:
+        fingerprint = (3 * fingerprint + t + 1) % 1000003
+        prints.append(fingerprint)
+    tok = torch.tensor(tokens, dtype=torch.float32)
+    k = torch.stack([tok, torch.arange(len(tokens), dtype=torch.float32)], dim=1)
+    v = torch.stack([torch.tensor(prints, dtype=torch.float32), -tok], dim=1)
+    return k[:, None, :], v[:, None, :]
+
+
+class SharingMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(2, 12), block_size=st.integers(1, 4),
+                caching=st.sampled_from([True, True, False]), host=st.integers(0, 3))
+    def create(self, num_blocks, block_size, caching, host):
+        host = host if caching else 0
+        self.m = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching,
+                                num_host_blocks=host)
+        self.cache = PagedKVCache(1, num_blocks, block_size, 1, 2, dtype=torch.float32,
+                                  num_host_blocks=host)
+        self.tokens: dict[int, list[int]] = {}  # the model: every sequence's true tokens
+        self.seen: list[list[int]] = []  # every prompt so far, to reuse as prefixes
+        self.next_id = 0
+
+    # ---- the engine's side: perform copies, then write K/V ---------------------------------
+
+    def _write(self, seq_id: int, start: int) -> None:
+        """Block moves (spills, copies back, copy-on-writes) first, then tokens ``start ..``
+        of ``seq_id``, each into a block that no other sequence holds."""
+        self.cache.apply_block_ops(self.m.take_block_ops())
+        slots = self.m.slot_mapping(seq_id, start)
+        for slot in slots:
+            assert self.m.ref_count(slot // self.m.block_size) == 1, (
+                f"write into slot {slot}: its block is shared")
+        k, v = token_kv(self.tokens[seq_id])
+        self.cache.write(0, k[start:], v[start:], slots)
+
+    def _expected_hit(self, tokens: list[int]) -> int:
+        cached = {e.block_hash for e in self.m.cached_blocks()}
+        cached |= set(self.m._host.hashes()) if self.m._host is not None else set()
+        bs, parent, hit = self.m.block_size, None, 0
+        for j in range((len(tokens) - 1) // bs):
+            parent = hash_block_tokens(parent, tokens[j * bs:(j + 1) * bs])
+            if parent not in cached:
+                break
+            hit += bs
+        return hit
+
+    # ---- rules -------------------------------------------------------------------------------
+
+    @rule(tokens=st.lists(TOKENS, min_size=1, max_size=14), by_tokens=st.booleans())
+    def add(self, tokens, by_tokens):
+        self._add(tokens, by_tokens)
+
+    @precondition(lambda self: self.seen)
+    @rule(data=st.data(), extra=st.lists(TOKENS, max_size=5))
+    def add_with_a_seen_prefix(self, data, extra):
+        """A new prompt that starts like an earlier one (maybe freed, maybe evicted since)."""
+        earlier = data.draw(st.sampled_from(self.seen))
+        cut = data.draw(st.integers(0, len(earlier)))
+        self._add((earlier[:cut] + extra) or [0], by_tokens=True)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), extra=st.lists(TOKENS, min_size=1, max_size=5))
+    def next_turn(self, data, extra):
+        """A chat's next turn: the request finishes, then its whole text + a reply comes back
+        as a new prompt (a hit on its own blocks, now evictable)."""
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        tokens = self.tokens.pop(seq_id)
+        self.m.free_sequence(seq_id)
+        self._add(tokens + extra, by_tokens=True)
+
+    def _add(self, tokens: list[int], by_tokens: bool) -> None:
+        self.seen.append(list(tokens))
+        seq_id, self.next_id = self.next_id, self.next_id + 1
+        expected = self._expected_hit(tokens) if by_tokens and self.m.enable_prefix_caching else 0
+        must_fit = blocks_needed(len(tokens), self.m.block_size) <= self.m.num_free_blocks
+        before = snapshot(self.m)
+        try:
+            if by_tokens:
+                cached = self.m.add_sequence(seq_id, token_ids=tokens)
+            else:
+                cached = self.m.add_sequence(seq_id, len(tokens))
+        except OutOfBlocksError:
+            assert not must_fit, "add_sequence failed although enough blocks were free"
+            assert snapshot(self.m) == before, "a failed add_sequence changed state"
+            return
+        assert cached == expected, f"hit of {cached} tokens, longest cached chain {expected}"
+        self.tokens[seq_id] = list(tokens)
+        self._write(seq_id, cached)  # only the uncached tokens are computed
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.tokens)))
+        child, self.next_id = self.next_id, self.next_id + 1
+        free = self.m.num_free_blocks
+        self.m.fork(parent, child)
+        assert self.m.num_free_blocks == free
+        self.tokens[child] = list(self.tokens[parent])
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), token=TOKENS, tell=st.booleans())
+    def append(self, data, token, tell):
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        n, bs = len(self.tokens[seq_id]), self.m.block_size
+        table = self.m.block_table(seq_id)
+        needs = n % bs == 0 or self.m.ref_count(table[-1]) > 1
+        before = snapshot(self.m)
+        if needs and self.m.num_free_blocks == 0:
+            with pytest.raises(OutOfBlocksError):
+                self.m.append_slot(seq_id, token if tell else None)
+            assert snapshot(self.m) == before, "a failed append_slot changed state"
+            return
+        self.m.append_slot(seq_id, token if tell else None)
+        self.tokens[seq_id].append(token)
+        self._write(seq_id, n)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def decode_step(self, data):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True, min_size=1))
+        new = data.draw(st.lists(TOKENS, min_size=len(ids), max_size=len(ids)))
+        lens = [len(self.tokens[s]) for s in ids]
+        before = snapshot(self.m)
+        try:
+            self.m.append_slots(ids, new)
+        except OutOfBlocksError:
+            assert snapshot(self.m) == before, "a failed decode step changed state"
+            return
+        self.cache.apply_block_ops(self.m.take_block_ops())
+        for s, t, n in zip(ids, new, lens, strict=True):
+            self.tokens[s].append(t)
+            self._write(s, n)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.m.free_sequence(seq_id)
+        del self.tokens[seq_id]
+
+    @rule()
+    def evict(self):
+        """Take every free block (evicting all cached ones nobody holds), then give them back."""
+        if self.m.num_free_blocks == 0:
+            return
+        n = self.m.num_free_blocks * self.m.block_size
+        self.m.add_sequence("hog", n)
+        assert self.m.allocator.num_evictable_blocks == 0 and self.m.num_free_blocks == 0
+        self.cache.apply_block_ops(self.m.take_block_ops())  # spills before overwriting
+        garbage = torch.full((n, 1, 2), 99.0)
+        self.cache.write(0, garbage, garbage, self.m.slot_mapping("hog"))
+        self.m.free_sequence("hog")
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def bad_calls_change_nothing(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        before = snapshot(self.m)
+        with pytest.raises(ValueError):
+            self.m.fork(seq_id, seq_id)
+        with pytest.raises(ValueError):
+            self.m.fork("ghost", "x")
+        with pytest.raises(ValueError):
+            self.m.append_slot("ghost", 1)
+        with pytest.raises(ValueError):
+            self.m.append_slots([seq_id, seq_id])
+        with pytest.raises(ValueError):
+            self.m.add_sequence(seq_id, token_ids=[1])
+        assert snapshot(self.m) == before
+
+    # ---- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def conservation_and_reference_counts(self):
+        a = self.m.allocator
+        holders: dict[int, int] = {}
+        for s in self.m.seq_ids:
+            table = self.m.block_table(s)
+            assert len(set(table)) == len(table)
+            for b in table:
+                holders[b] = holders.get(b, 0) + 1
+        evictable = [b for b in range(a.num_blocks) if a.is_evictable(b)]
+        for b in range(a.num_blocks):
+            assert a.ref_count(b) == holders.get(b, 0), f"block {b}: wrong reference count"
+        assert not set(evictable) & set(holders), "a held block is evictable"
+        assert a.num_evictable_blocks == len(evictable)
+        assert self.m.num_free_blocks + len(holders) == a.num_blocks, "blocks leaked"
+        if not self.m.enable_prefix_caching:
+            assert evictable == [] and self.m.cached_blocks() == []
+
+    @invariant()
+    def every_sequence_reads_back_its_tokens(self):
+        for s, tokens in self.tokens.items():
+            k, v = self.cache.gather(0, self.m.block_table(s), self.m.seq_len(s))
+            k_ref, v_ref = token_kv(tokens)
+            assert torch.equal(k, k_ref) and torch.equal(v, v_ref), (
+                f"sequence {s} holds the wrong K/V")
+
+    @invariant()
+    def every_cached_block_holds_its_tokens(self):
+        bs = self.m.block_size
+        for e in self.m.cached_blocks():
+            assert len(e.token_ids) == bs
+            assert e.block_hash == hash_block_tokens(e.parent_hash, e.token_ids)
+            k = self.cache.k_caches[0][e.block_id, :, 0, 0]
+            assert k.tolist() == list(e.token_ids), f"cached block {e.block_id} is stale"
+        # a hit's K/V were computed after the same prefix: checked by reading every sequence
+        # back (its V holds the fingerprint of the whole prefix)
+
+    @invariant()
+    def stats_agree(self):
+        st_ = self.m.stats()
+        assert st_.blocks_used + st_.blocks_free == st_.num_blocks
+        assert st_.tokens_stored == sum(len(t) for t in self.tokens.values())
+        assert 0.0 <= st_.prefix_hit_rate <= 1.0
+
+
+SharingMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+                                            deadline=None)
+TestSharingMachine = SharingMachine.TestCase

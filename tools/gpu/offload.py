@@ -1,0 +1,134 @@
+"""Copy a cached prefix back from host memory, or recompute it? Measured on one GPU.
+
+For a Llama-3-8B-shaped model (32 layers, 32 query / 8 KV heads, head_dim 128, hidden 4096,
+MLP 14336, bf16, blocks of 16 tokens: 128 KiB of K/V per token, 2 MiB per block) and prefix
+lengths 512 .. 32768 tokens, this script measures
+
+* ``copy_back_ms``: ``PagedKVCache.swap_in`` of the prefix's blocks from pinned host memory
+  (the path the prefix cache's host tier uses: one PCIe copy per block + one scatter);
+* ``bulk_h2d_ms``: one contiguous pinned host -> device copy of the same bytes (the ceiling);
+* ``recompute_ms``: the prefix's prefill FLOPs (every matmul of the layer stack + causal
+  attention) divided by the dense bf16 matmul rate measured here (8192^3, so a *lower bound*
+  on real recompute time: no real prefill runs at the matmul peak);
+
+and writes ``$OUT/offload.json`` (GPU, versions, date, the model shape, the measured rates and
+one row per prefix length). Run on a GPU machine: ``python tools/gpu/offload.py``.
+``--smoke`` runs tiny sizes on any device to check the script (not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import paged_ref
+from paged_ref import PagedKVCache
+
+LLAMA_8B = dict(num_layers=32, hidden=4096, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                intermediate=14336, block_size=16, dtype="bfloat16")
+PREFIXES = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def prefill_flops(n: int, shape: dict) -> float:
+    """FLOPs to prefill ``n`` tokens through the layer stack (no embedding / LM head):
+    per layer ``2 n`` x (q, k, v, o and the 3 MLP weight matrices) + causal attention
+    ``2 * 2 * (n^2 / 2) * num_q_heads * head_dim`` (QK^T and PV, half the square)."""
+    h, kv = shape["hidden"], shape["num_kv_heads"] * shape["head_dim"]
+    weights = h * (h + 2 * kv + h) + 3 * h * shape["intermediate"]
+    attention = 2 * n * n * shape["num_q_heads"] * shape["head_dim"]
+    return shape["num_layers"] * (2 * n * weights + attention)
+
+
+def time_ms(fn, reps: int) -> float:
+    """Median wall time of ``fn()`` in ms (CUDA events on a GPU, perf_counter on a CPU)."""
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            import time
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_tflops(size: int, device: str, reps: int) -> float:
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    ms = time_ms(lambda: a @ b, reps)
+    return 2 * size**3 / (ms * 1e-3) / 1e12
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
+                                                      "offload.json"))
+    args = parser.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    if not gpu and not args.smoke:
+        print("offload.py measures PCIe copies and matmul rates: it needs a CUDA GPU "
+              "(use --smoke to check the script on a CPU)")
+        return 1
+    device = "cuda" if gpu else "cpu"
+    shape = dict(LLAMA_8B)
+    prefixes, reps, mm = PREFIXES, 20, 8192
+    if args.smoke:
+        shape.update(num_layers=2, num_kv_heads=2, head_dim=16)
+        prefixes, reps, mm = [64, 128], 3, 256
+    bs = shape["block_size"]
+    max_blocks = max(prefixes) // bs
+    cache = PagedKVCache(shape["num_layers"], max_blocks, bs, shape["num_kv_heads"],
+                         shape["head_dim"], dtype=torch.bfloat16, device=device,
+                         num_host_blocks=max_blocks)
+    cache.host_kv.normal_()
+    tflops = matmul_tflops(mm, device, reps)
+    bulk_src = cache.host_kv.view(-1)
+    bulk_dst = torch.empty_like(bulk_src, device=device)
+    bulk_gbps = bulk_src.nbytes / time_ms(
+        lambda: bulk_dst.copy_(bulk_src, non_blocking=True), reps) / 1e6
+    print(f"dense bf16 matmul {tflops:.0f} TFLOP/s; pinned host->device {bulk_gbps:.1f} GB/s")
+    rows = []
+    block_bytes = cache.host_kv[0].nbytes
+    for n in prefixes:
+        blocks = n // bs
+        pairs = [(i, blocks - 1 - i) for i in range(blocks)]  # host slot -> a device block
+        copy_ms = time_ms(lambda pairs=pairs: cache.swap_in(pairs), reps)
+        src, dst = bulk_src[: blocks * block_bytes // 2], bulk_dst[: blocks * block_bytes // 2]
+        bulk_ms = time_ms(lambda s=src, d=dst: d.copy_(s, non_blocking=True), reps)
+        recompute_ms = prefill_flops(n, shape) / (tflops * 1e12) * 1e3
+        rows.append(dict(prefix_tokens=n, blocks=blocks, bytes=blocks * block_bytes,
+                         copy_back_ms=copy_ms, bulk_h2d_ms=bulk_ms,
+                         copy_back_gbps=blocks * block_bytes / copy_ms / 1e6,
+                         prefill_tflop=prefill_flops(n, shape) / 1e12,
+                         recompute_ms=recompute_ms, recompute_over_copy=recompute_ms / copy_ms))
+        print(f"prefix {n:6d}: copy back {copy_ms:8.2f} ms (bulk {bulk_ms:7.2f}), "
+              f"recompute >= {recompute_ms:8.2f} ms -> x{recompute_ms / copy_ms:.1f}")
+    result = dict(
+        gpu=torch.cuda.get_device_name() if gpu else "cpu (smoke test, not a measurement)",
+        torch=torch.__version__, cuda=torch.version.cuda, paged_ref=paged_ref.__version__,
+        python=sys.version.split()[0], date=datetime.date.today().isoformat(),
+        model=shape, kv_bytes_per_block=block_bytes, matmul_tflops=tflops,
+        matmul_size=mm, pinned_h2d_gbps=bulk_gbps, results=rows)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
