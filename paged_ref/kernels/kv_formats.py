@@ -76,10 +76,12 @@ def int4_halves(packed, DOT_UPCAST: tl.constexpr):
     """
     low = packed & 0xF
     high = packed >> 4
-    if DOT_UPCAST:
-        return low.to(tl.float32), high.to(tl.float32)
-    low = (low.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    high = (high.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    if DOT_UPCAST:  # (one return for both branches: the compiler wants one return type)
+        low = low.to(tl.float32)
+        high = high.to(tl.float32)
+    else:
+        low = (low.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+        high = (high.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
     return low, high
 
 

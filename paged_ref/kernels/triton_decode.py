@@ -39,6 +39,7 @@ from paged_ref.kernels.kv_formats import (
     KV_INT4,
     KV_PLAIN,
     attend_tokens_int4,
+    kv_format_code,
     kv_kernel_args,
 )
 from paged_ref.validation import check_out
@@ -53,6 +54,23 @@ class KernelConfig:
     tile: int = 64
     num_warps: int = 4
     num_stages: int = 3
+
+
+#: Launch configs for quantised caches (KV_FORMAT -> config), from the H200 sweep in
+#: benchmarks/h200/quant.json (rows with "sweep": B64_L4096, head_dim 128, q bf16): at the
+#: default 64 tokens a tile, FP8 reached 40 % of copy bandwidth, at 128 tokens 56 %; INT4 was
+#: fastest at 32 tokens and 4 stages. Used for head_dim <= 128 and 16-bit q (the configs
+#: measured); everything else keeps KernelConfig().
+QUANTISED_CONFIGS = {1: KernelConfig(128, 4, 3), 2: KernelConfig(128, 4, 3),
+                     3: KernelConfig(32, 4, 4)}
+
+
+def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
+    """The launch config for these inputs: :data:`QUANTISED_CONFIGS` or ``KernelConfig()``."""
+    code = kv_format_code(k_cache)
+    if code and q.dtype != torch.float32 and k_cache.shape[-1] <= 128 and not _device.INTERPRET:
+        return QUANTISED_CONFIGS[code]
+    return KernelConfig()
 
 
 @triton.jit
@@ -244,7 +262,7 @@ def paged_attention_triton(
     allocation (the benchmark and planned calls do). Lengths are clamped to ``max_seq_len``
     (default: what the table holds, ``max_blocks_per_seq * block_size``).
     """
-    config = config or KernelConfig()
+    config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = check_out(out, q)

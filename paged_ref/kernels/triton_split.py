@@ -33,6 +33,7 @@ from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
     check_out,
+    default_config,
     launch_constants,
     load_group_queries,
     paged_attention_triton,
@@ -297,7 +298,7 @@ def paged_attention_split(
     exceed ``plan.num_chunks * plan.chunk_size``. Returns [batch, num_q_heads, head_dim] in
     q's dtype.
     """
-    config = config or KernelConfig()
+    config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = check_out(out, q)
