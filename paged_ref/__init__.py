@@ -16,6 +16,7 @@ from paged_ref.kv_write import write_kv
 from paged_ref.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
+from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.storage import PagedKVCache
 from paged_ref import transfer  # noqa: E402, F401  (moving blocks between pools, lesson 11)
 
@@ -24,12 +25,16 @@ __all__ = [
     "BlockAllocator",
     "DecodePlan",
     "KVCacheManager",
+    "KVFormat",
     "OutOfBlocksError",
     "PagedKVCache",
+    "QuantizedKV",
+    "dequantize",
     "hash_block_tokens",
     "paged_attention",
     "paged_prefill",
     "plan_decode",
+    "quantize",
     "write_kv",
 ]
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from paged_ref.plan import BACKENDS, DecodePlan, check_against_plan, dispatch, make_plan
+from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import paged_attention_torch
 from paged_ref.validation import Lengths, check_out, check_shapes, check_values
 
@@ -62,8 +63,10 @@ def paged_attention(
     """Decode attention over a paged KV cache.
 
     q            [batch, num_q_heads, head_dim]  float16 / bfloat16 / float32, any strides
-    k_cache      [num_blocks, block_size, num_kv_heads, head_dim]  same dtype as q, contiguous
-    v_cache      same shape and dtype as k_cache
+    k_cache      [num_blocks, block_size, num_kv_heads, head_dim]  same dtype as q, contiguous;
+                 or a quantised cache, :class:`paged_ref.QuantizedKV` (FP8 / INT4 codes and
+                 their scales, see :mod:`paged_ref.quant`), de-quantised by every backend
+    v_cache      same shape and dtype (or QuantizedKV format) as k_cache
     block_tables [batch, max_blocks_per_seq] int32 (any strides): token t of sequence b is at
                  k_cache[block_tables[b, t // block_size], t % block_size]
     seq_lens     [batch] int32 (any strides); table entries past ceil(seq_lens[b] / block_size)
@@ -93,9 +96,13 @@ def paged_attention(
     else:
         shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
         lengths = check_values(block_tables, seq_lens, shapes)
+        if backend == "auto" and not kernels_read(k_cache):
+            backend = "torch"  # a quantised layout the Triton kernels do not read
         plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
                          total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
                          scale=scale)
     if out is not None:
         check_out(out, q)
+    if plan.backend != "torch":
+        check_kernel_format(k_cache)
     return run_plan(plan, q, k_cache, v_cache, block_tables, seq_lens, out)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from paged_ref.cache_math import cdiv, default_scale, slot_of, token_slots  # noqa: F401 (re-export)
+from paged_ref.quant import QuantizedKV
 
 
 def paged_attention_reference(
@@ -34,8 +35,11 @@ def paged_attention_reference(
     q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D];
     block_tables [B, max_blocks] int; seq_lens [B] int.
     Returns float64 [B, Hq, D] on the CPU; rows with ``seq_len == 0``, or whose every key
-    scores ``-inf``, are zeros.
+    scores ``-inf``, are zeros. A :class:`~paged_ref.QuantizedKV` cache is de-quantised first
+    (the answer for the values it stands for).
     """
+    if isinstance(k_cache, QuantizedKV):
+        k_cache, v_cache = k_cache.dequantize(), v_cache.dequantize()
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     batch, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
@@ -71,7 +75,8 @@ def gather_kv(
 
     Returns k, v [B, max_len, Hkv, D] (positions past a sequence's length hold an arbitrary
     cached token) and ``valid`` [B, max_len] bool. Table entries past a sequence's used blocks
-    are never dereferenced.
+    are never dereferenced. A :class:`~paged_ref.QuantizedKV` cache gives float32 values:
+    its codes and scales are gathered, then de-quantised (only the gathered tokens).
     """
     block_size = k_cache.shape[1]
     pos = torch.arange(max_len, device=k_cache.device)
@@ -79,9 +84,14 @@ def gather_kv(
     block = block_tables.long()[:, pos // block_size]  # [B, max_len] physical block per token
     block = torch.where(valid, block, 0)  # never follow an unused entry
     slots = slot_of(block, pos, block_size)  # [B, max_len], cache_math's formula on tensors
-    k = k_cache.flatten(0, 1)[slots]  # [B, max_len, Hkv, D]
-    v = v_cache.flatten(0, 1)[slots]
-    return k, v, valid
+    return _gather_slots(k_cache, slots), _gather_slots(v_cache, slots), valid
+
+
+def _gather_slots(cache, slots: torch.Tensor) -> torch.Tensor:
+    """``cache`` rows at ``slots`` [B, L]: [B, L, Hkv, D] (de-quantised if quantised)."""
+    if isinstance(cache, QuantizedKV):
+        return cache.take_slots(slots).dequantize()
+    return cache.flatten(0, 1)[slots]
 
 
 def contiguous_attention(

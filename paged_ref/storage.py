@@ -13,6 +13,11 @@ token order through its block table (what the reference attention does).
     cache = PagedKVCache(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16)
     cache.write(0, k, v, manager.slot_mapping("a"))       # k, v: [tokens, 2, 16]
     k_a, v_a = cache.gather(0, manager.block_table("a"), manager.seq_len("a"))
+
+With ``kv_format="fp8"`` / ``"fp8_token_head"`` / ``"int4"`` (see :mod:`paged_ref.quant`) each
+layer's K and V are :class:`~paged_ref.QuantizedKV` (codes + scales): ``write`` quantises the
+tokens as they enter, ``gather`` de-quantises, ``layer`` returns the pair that
+``paged_attention`` takes as it is, and ``copy_blocks`` copies codes and scales together.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from paged_ref.allocator import check_int
 from paged_ref.cache_math import blocks_needed, kv_bytes_per_token, token_slots
+from paged_ref.quant import FP8_DTYPE, KVFormat, QuantizedKV, check_tensor_scale, write_slots
 from paged_ref.validation import CACHE_DTYPES
 
 
@@ -31,8 +37,13 @@ class PagedKVCache:
         num_layers: transformer layers (one K and one V tensor each).
         num_blocks, block_size: the pool's shape, as in :class:`paged_ref.KVCacheManager`.
         num_kv_heads, head_dim: per-token K/V shape.
-        dtype: float16 (default), bfloat16 or float32.
+        dtype: float16 (default), bfloat16 or float32: the dtype of the K/V that ``write``
+            takes, ``gather`` returns and ``q`` has.
         device: where the tensors live.
+        kv_format: None (store ``dtype`` values) or a quantised format: ``"fp8"``,
+            ``"fp8_token_head"``, ``"int4"``, ``"int4_g32"``... or a :class:`KVFormat`.
+        k_scale, v_scale: fp8 per tensor only: every layer's K and V scale (floats; as vLLM,
+            default 1.0; calibrate as ``amax / 448``). Values beyond ``448 * scale`` saturate.
         num_host_blocks: blocks of a host tier for the prefix cache's spills (0 = none):
             ``host_kv``, ``[num_host_blocks, 2, num_layers, block_size, Hkv, D]`` in CPU memory
             (each host block one contiguous piece: K and V of all layers), pinned when CUDA is
@@ -54,6 +65,9 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
         num_host_blocks: int = 0,
+        kv_format: str | KVFormat | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         num_layers = self.num_layers = check_int("num_layers", num_layers, minimum=1)
         num_blocks = self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
@@ -63,14 +77,24 @@ class PagedKVCache:
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
+        self.kv_format = None if kv_format is None else KVFormat.parse(kv_format)
+        self.num_host_blocks = check_int("num_host_blocks", num_host_blocks)
         # One tensor [2 (K, V), num_layers, num_blocks, block_size, Hkv, D]; each layer's K and
         # V are contiguous views of it, so one indexed copy moves a block in every layer.
-        self.kv = torch.zeros((2, num_layers, num_blocks, block_size, num_kv_heads, head_dim),
-                              dtype=dtype, device=device)
-        self.k_caches: list[torch.Tensor] = list(self.kv[0].unbind(0))
-        self.v_caches: list[torch.Tensor] = list(self.kv[1].unbind(0))
-        self.device = self.kv.device  # "cuda" resolved to "cuda:0"
-        self.num_host_blocks = check_int("num_host_blocks", num_host_blocks)
+        # Quantised: one such tensor per part (codes, scales, zeros), see _quantised_parts.
+        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        if self.kv_format is None:
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
+            self.parts = [self.kv]
+            self.k_caches: list = list(self.kv[0].unbind(0))
+            self.v_caches: list = list(self.kv[1].unbind(0))
+        else:
+            self.kv = None
+            self.parts = self._quantised_parts(shape, device, k_scale, v_scale)
+            self.k_caches, self.v_caches = (
+                [QuantizedKV(*(p[kv, i] if p is not None else None for p in self.parts),
+                             self.kv_format) for i in range(num_layers)] for kv in (0, 1))
+        self.device = self.parts[0].device  # "cuda" resolved to "cuda:0"
         self.host_kv = torch.zeros(
             (self.num_host_blocks, 2, num_layers, block_size, num_kv_heads, head_dim),
             dtype=dtype, pin_memory=torch.cuda.is_available() and self.num_host_blocks > 0)
@@ -83,18 +107,24 @@ class PagedKVCache:
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers, K and V:
-        ``2 * num_layers * num_kv_heads * head_dim * element_size``."""
+        ``2 * num_layers * num_kv_heads * head_dim * element_size``.
+        Quantised: ``2 * num_layers * num_kv_heads * kv_format.bytes_per_token_head``
+        (codes and per-token scales; a per-tensor scale is not counted)."""
+        if self.kv_format is not None:
+            per_head = self.kv_format.bytes_per_token_head(self.head_dim)
+            return int(2 * self.num_layers * self.num_kv_heads * per_head)
         return kv_bytes_per_token(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
                                   head_dim=self.head_dim,
                                   dtype=self.k_caches[0].element_size())
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all K and V tensors: ``num_slots * bytes_per_token``."""
-        return sum(t.nbytes for t in self.k_caches + self.v_caches)
+        """Bytes of all K and V tensors (codes and scales when quantised)."""
+        return sum(p.nbytes for p in self.parts if p is not None)
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``."""
+    def layer(self, layer: int) -> tuple:
+        """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``
+        (tensors, or :class:`~paged_ref.QuantizedKV` when the cache is quantised)."""
         self._check_layer(layer)
         return self.k_caches[layer], self.v_caches[layer]
 
@@ -102,7 +132,8 @@ class PagedKVCache:
         """Store token ``i``'s K and V in slot ``slot_mapping[i]`` of ``layer``.
 
         Args:
-            k, v: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype and device.
+            k, v: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype and device;
+                quantised on the way in when the cache has a ``kv_format``.
             slot_mapping: ``num_tokens`` distinct slots in ``[0, num_blocks * block_size)``,
                 a list of ints or a 1-D integer tensor.
 
@@ -125,9 +156,11 @@ class PagedKVCache:
         if v.shape != k.shape:
             raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
         slots = self._slots(slot_mapping, k.shape[0])
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        k_cache.view(self.num_slots, self.num_kv_heads, self.head_dim)[slots] = k
-        v_cache.view(self.num_slots, self.num_kv_heads, self.head_dim)[slots] = v
+        for cache, new in ((self.k_caches[layer], k), (self.v_caches[layer], v)):
+            if isinstance(cache, QuantizedKV):
+                write_slots(cache, new, slots)  # quantised on the way in
+            else:
+                cache.flatten(0, 1)[slots] = new
 
     def gather(
         self, layer: int, block_table, seq_len: int
@@ -159,8 +192,7 @@ class PagedKVCache:
         slots = torch.tensor(
             token_slots(table, seq_len, self.block_size), dtype=torch.long, device=self.device
         )
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        return k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]
+        return tuple(self._rows(c, slots) for c in (self.k_caches[layer], self.v_caches[layer]))
 
     def copy_blocks(self, pairs) -> None:
         """Copy block ``src`` to block ``dst`` for each ``(src, dst)`` in ``pairs``, in every
@@ -175,7 +207,11 @@ class PagedKVCache:
         """
         src, dst = self._pairs(pairs, self.num_blocks, self.num_blocks, same_pool=True)
         if src:
-            self.kv[:, :, self._index(dst)] = self.kv[:, :, self._index(src)]
+            src, dst = self._index(src), self._index(dst)
+            for part in self.parts:  # values, or codes and per-token scales alike
+                if part is not None and part.dim() > 2:  # (a per-tensor scale has no blocks)
+                    part = part.view(torch.uint8) if part.dtype == FP8_DTYPE else part
+                    part[:, :, dst] = part[:, :, src]
 
     def swap_out(self, pairs) -> None:
         """Copy device block ``src`` to host slot ``dst`` for each ``(src, dst)``, every layer's
@@ -196,6 +232,38 @@ class PagedKVCache:
             for i, slot in enumerate(src):
                 staged[i].copy_(self.host_kv[slot], non_blocking=True)
             self.kv[:, :, self._index(dst)] = staged.permute(1, 2, 0, 3, 4, 5)
+
+    # ---- quantised storage ------------------------------------------------------------------
+
+    def _quantised_parts(self, shape, device, k_scale, v_scale) -> list:
+        """``[codes, scales, zeros or None]``, each ``[2 (K, V), num_layers, ...]``: codes as
+        ``kv_format.data_shape``, scales as ``scale_shape`` (an fp8 per-tensor scale: one per
+        layer, ``k_scale`` / ``v_scale``). All zero: a slot never written reads as 0."""
+        fmt = self.kv_format
+        fmt.check_head_dim(self.head_dim)
+        if self.num_host_blocks:
+            raise ValueError("num_host_blocks: the host tier holds plain caches only, not "
+                             f"kv_format={fmt.name!r}")
+        if fmt.scale_per != "tensor" and (k_scale != 1.0 or v_scale != 1.0):
+            raise ValueError(f"k_scale/v_scale are for fp8 per tensor only; {fmt.name} computes "
+                             "its scales as it writes")
+        codes = torch.zeros((*shape[:2], *fmt.data_shape(shape[2:])), dtype=torch.uint8,
+                            device=device).view(fmt.data_dtype)
+        if fmt.scale_per == "tensor":
+            scales = torch.stack([check_tensor_scale(k_scale, device, "k_scale"),
+                                  check_tensor_scale(v_scale, device, "v_scale")])
+            scales = scales[:, None].repeat(1, shape[1])  # [2, num_layers]
+        else:
+            scales = torch.zeros((*shape[:2], *fmt.scale_shape(shape[2:])),
+                                 dtype=fmt.scale_dtype, device=device)
+        zeros = torch.zeros_like(scales) if fmt.kind == "int4" else None
+        return [codes, scales, zeros]
+
+    def _rows(self, cache, slots: torch.Tensor) -> torch.Tensor:
+        """Rows ``slots`` of a layer's cache, in the cache's dtype."""
+        if isinstance(cache, QuantizedKV):
+            return cache.take_slots(slots).dequantize(self.dtype)
+        return cache.flatten(0, 1)[slots]
 
     def apply_block_ops(self, ops) -> None:
         """Run what ``KVCacheManager.take_block_ops()`` returned: spills to the host, copies
@@ -279,5 +347,6 @@ class PagedKVCache:
         return (
             f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
             f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device})"
+            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}"
+            + (f", kv_format={self.kv_format.name!r})" if self.kv_format else ")")
         )

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from paged_ref.quant import QuantizedKV, check_quantized_pair
+
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Largest ``abs(scale)`` accepted. Scores are float32; a scale far beyond any model's
 #: (``head_dim ** -0.5`` is ~0.09; temperature-like scales stay below ~100) overflows them to
@@ -34,8 +36,8 @@ class Shapes:
     max_blocks_per_seq: int
 
 
-def _tensor(name: str, x, rank: int, layout: str) -> None:
-    if not isinstance(x, torch.Tensor):
+def _tensor(name: str, x, rank: int, layout: str, quantized_ok: bool = False) -> None:
+    if not isinstance(x, (torch.Tensor, QuantizedKV) if quantized_ok else torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
     if x.dim() != rank:
         raise ValueError(
@@ -44,19 +46,25 @@ def _tensor(name: str, x, rank: int, layout: str) -> None:
 
 
 def check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> Shapes:
-    """Types, ranks, dtypes, shapes, devices and layout; reads no tensor values (no sync)."""
+    """Types, ranks, dtypes, shapes, devices and layout; reads no tensor values (no sync).
+
+    ``k_cache`` / ``v_cache`` may both be :class:`paged_ref.QuantizedKV` (one format, their
+    parts already checked when built); their ``shape`` is the shape of the values."""
     _tensor("q", q, 3, "[batch, num_q_heads, head_dim]")
-    _tensor("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    _tensor("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    kv_format = check_quantized_pair(q, k_cache, v_cache)
+    _tensor("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]", True)
+    _tensor("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]", True)
     _tensor("block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
     _tensor("seq_lens", seq_lens, 1, "[batch]")
 
-    if k_cache.dtype not in CACHE_DTYPES:
-        raise TypeError(f"k_cache dtype must be one of {CACHE_DTYPES}, got {k_cache.dtype}")
-    if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
-    if q.dtype != k_cache.dtype:
-        raise TypeError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
+    if kv_format is None:  # (a quantised cache takes q in any of CACHE_DTYPES)
+        if k_cache.dtype not in CACHE_DTYPES:
+            raise TypeError(f"k_cache dtype must be one of {CACHE_DTYPES}, got {k_cache.dtype}")
+        if v_cache.dtype != k_cache.dtype:
+            raise TypeError(
+                f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
+        if q.dtype != k_cache.dtype:
+            raise TypeError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.dtype != torch.int32:
             raise TypeError(f"{name} must be torch.int32, got {t.dtype} (use .to(torch.int32))")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from paged_ref.cache_math import blocks_needed, kv_bytes_per_token, tokens_in_block
-from paged_ref.reference import paged_attention_reference
+from paged_ref.quant import KVFormat, QuantizedKV, quantize
+from paged_ref.reference import gather_kv, paged_attention_reference
 
 #: Values written into cache slots that no sequence owns: a kernel that reads them gives
 #: visibly wrong numbers ("large") or NaN ("nan").
@@ -47,11 +48,30 @@ class PagedInputs:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of K and V that a decode step must read: every cached token, both caches."""
+        """Bytes of K and V that a decode step must read: every cached token, both caches
+        (codes and per-token scales for a quantised cache)."""
         _, _, num_kv_heads, head_dim = self.k_cache.shape
+        if isinstance(self.k_cache, QuantizedKV):
+            per_head = self.k_cache.format.bytes_per_token_head(head_dim)
+            return int(self.seq_lens.sum().item() * 2 * num_kv_heads * per_head)
         per_token = kv_bytes_per_token(num_layers=1, num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, dtype=self.k_cache.element_size())
         return int(self.seq_lens.sum().item()) * per_token
+
+    def quantized(self, kv_format: str | KVFormat) -> PagedInputs:
+        """The same inputs with K and V stored in ``kv_format`` (q unchanged). An fp8
+        per-tensor scale is ``amax / 448`` of the cached tokens (unused slots ignored)."""
+        fmt = KVFormat.parse(kv_format)
+        caches = []
+        for cache in (self.k_cache, self.v_cache):
+            scale = None
+            if fmt.scale_per == "tensor":
+                max_len = int(self.seq_lens.max()) if self.seq_lens.numel() else 0
+                k, _, valid = gather_kv(cache, cache, self.block_tables, self.seq_lens, max_len)
+                amax = k[valid].abs().amax() if valid.any() else torch.tensor(0.0)
+                scale = float(amax) / 448.0 if amax > 0 else 1.0
+            caches.append(quantize(cache, fmt, scale=scale))
+        return PagedInputs(self.q, caches[0], caches[1], self.block_tables, self.seq_lens)
 
 
 def make_paged_inputs(

@@ -109,7 +109,8 @@ class Engine:
                  max_num_batched_tokens: int = 2048, preemption_mode: str = "recompute",
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_model_len: int | None = None,
-                 eos_token_id: int | Sequence[int] | None = None) -> None:
+                 eos_token_id: int | Sequence[int] | None = None,
+                 kv_format: str | None = None) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -128,7 +129,8 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, block_size,
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
-                                  max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
+                                  max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+                                  kv_format=kv_format)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.eos_ids = self._eos_ids(model, eos_token_id)
         self.stats = RunStats()

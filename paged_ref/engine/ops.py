@@ -24,6 +24,7 @@ from paged_ref.kv_write import write_kv_torch
 from paged_ref.manager import KVCacheManager
 from paged_ref.plan import plan_decode as _plan_decode
 from paged_ref.prefill import paged_prefill
+from paged_ref.quant import QuantizedKV, write_slots
 from paged_ref.storage import PagedKVCache
 
 
@@ -66,7 +67,12 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
              slot_mapping: torch.Tensor) -> None:
     """Scatter token ``i``'s K/V (``[num_tokens, num_kv_heads, head_dim]``) to slot
     ``slot_mapping[i]`` (int64, on the cache's device). The unchecked path (no read-back):
-    the engine builds the slots itself, and this runs inside CUDA graphs."""
+    the engine builds the slots itself, and this runs inside CUDA graphs. A quantised cache
+    (:class:`paged_ref.QuantizedKV`) quantises the tokens on the way in."""
+    if isinstance(k_cache, QuantizedKV):
+        write_slots(k_cache, k, slot_mapping)
+        write_slots(v_cache, v, slot_mapping)
+        return
     write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
 
 
@@ -77,17 +83,20 @@ def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_l
     ``q`` is ``[total_query_tokens, Hq, D]``; sequence ``b`` owns rows
     ``query_start_loc[b]:query_start_loc[b+1]``, the last tokens of its ``seq_lens[b]``.
     """
+    if isinstance(k_cache, QuantizedKV):
+        backend = "torch"  # the Triton prefill kernel reads plain caches only
     return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                          scale=scale, backend=backend)
 
 
-def plan_decode(seq_lens_host: Sequence[int], k_cache: torch.Tensor, *, num_q_heads: int,
-                scale: float, backend: str, max_seq_len: int | None = None):
+def plan_decode(seq_lens_host: Sequence[int], k_cache: torch.Tensor, *, dtype: torch.dtype,
+                num_q_heads: int, scale: float, backend: str, max_seq_len: int | None = None):
     """Host-side plan for a decode step from the lengths known on the host. A plan made with
-    ``max_seq_len`` serves any lengths up to it (what CUDA graph replays need)."""
+    ``max_seq_len`` serves any lengths up to it (what CUDA graph replays need). ``dtype`` is
+    q's (the model's): a quantised cache's codes are not."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     return _plan_decode(seq_lens_host, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                        head_dim=head_dim, block_size=block_size, dtype=k_cache.dtype,
+                        head_dim=head_dim, block_size=block_size, dtype=dtype,
                         device=k_cache.device, max_seq_len=max_seq_len, scale=scale,
                         backend=backend)
 

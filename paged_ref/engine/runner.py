@@ -79,7 +79,8 @@ class ModelRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
-                 max_num_seqs: int = 256, max_model_len: int = 4096) -> None:
+                 max_num_seqs: int = 256, max_model_len: int = 4096,
+                 kv_format: str | None = None) -> None:
         cfg = model.config
         self.model = model
         self.layers = list(model.model.layers)
@@ -94,7 +95,8 @@ class ModelRunner:
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
                                   self.num_kv_heads, self.head_dim, dtype=self.dtype,
-                                  device=self.device, num_host_blocks=num_host_blocks)
+                                  device=self.device, num_host_blocks=num_host_blocks,
+                                  kv_format=kv_format)
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -159,7 +161,7 @@ class ModelRunner:
         qsl = as_tensor(step.query_start_loc, torch.int32)
         caches = self.cache
         if step.is_decode:
-            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0],
+            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0], dtype=self.dtype,
                                    num_q_heads=self.num_q_heads, scale=self.scale,
                                    backend=self.backend)
 
@@ -197,7 +199,8 @@ class ModelRunner:
         max_len = self.max_blocks_per_seq * self.block_size
         pool = None
         for b in sorted(buckets, reverse=True):
-            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], num_q_heads=self.num_q_heads,
+            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], dtype=self.dtype,
+                                   num_q_heads=self.num_q_heads,
                                    scale=self.scale, backend=self.backend, max_seq_len=max_len)
 
             def step(b=b, plan=plan):

@@ -33,6 +33,15 @@ import triton.language as tl
 
 from paged_ref import _device
 from paged_ref.cache_math import default_scale
+from paged_ref.kernels.kv_formats import (
+    KV_FP8_TENSOR,
+    KV_FP8_TOKEN_HEAD,
+    KV_INT4,
+    KV_PLAIN,
+    attend_tokens_int4,
+    kv_format_code,
+    kv_kernel_args,
+)
 from paged_ref.validation import check_out
 
 LOG2E = 1.4426950408889634
@@ -45,6 +54,23 @@ class KernelConfig:
     tile: int = 64
     num_warps: int = 4
     num_stages: int = 3
+
+
+#: Launch configs for quantised caches (KV_FORMAT -> config), from the H200 sweep in
+#: benchmarks/h200/quant.json (rows with "sweep": B64_L4096, head_dim 128, q bf16): at the
+#: default 64 tokens a tile, FP8 reached 40 % of copy bandwidth, at 128 tokens 56 %; INT4 was
+#: fastest at 32 tokens and 4 stages. Used for head_dim <= 128 and 16-bit q (the configs
+#: measured); everything else keeps KernelConfig().
+QUANTISED_CONFIGS = {1: KernelConfig(128, 4, 3), 2: KernelConfig(128, 4, 3),
+                     3: KernelConfig(32, 4, 4)}
+
+
+def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
+    """The launch config for these inputs: :data:`QUANTISED_CONFIGS` or ``KernelConfig()``."""
+    code = kv_format_code(k_cache)
+    if code and q.dtype != torch.float32 and k_cache.shape[-1] <= 128 and not _device.INTERPRET:
+        return QUANTISED_CONFIGS[code]
+    return KernelConfig()
 
 
 @triton.jit
@@ -67,12 +93,33 @@ def attend_tokens(
     TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    k_scale_ptr,  # quantised caches (see kv_formats.py); unused for KV_PLAIN
+    v_scale_ptr,
+    k_zero_ptr,
+    v_zero_ptr,
+    stride_sb,  # scale strides in elements: block, token-in-block, head
+    stride_st,
+    stride_sh,
+    KV_FORMAT: tl.constexpr,
+    INT4_GROUPS: tl.constexpr,
 ):
     """Online softmax over tokens [start, end) of one sequence for one GQA group.
 
     Returns (acc [GROUP_PAD, HEAD_DIM_PAD] fp32 unnormalised, m [GROUP_PAD] running max in
-    log2 units, l [GROUP_PAD] running sum of 2^(score - m)).
+    log2 units, l [GROUP_PAD] running sum of 2^(score - m)). A quantised cache
+    (``KV_FORMAT`` > 0) is de-quantised in registers, see :mod:`paged_ref.kernels.kv_formats`.
     """
+    if KV_FORMAT == KV_INT4:
+        return attend_tokens_int4(
+            q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end, qk_scale,
+            stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,
+            stride_sb, stride_st, stride_sh,
+            BLOCK_SIZE, HEAD_DIM, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST, INT4_GROUPS,
+        )
+    if KV_FORMAT != KV_PLAIN:  # e4m3 codes become float16 (float32 when upcasting) for the dots
+        q = q.to(tl.float32 if DOT_UPCAST else tl.float16)
+    if KV_FORMAT == KV_FP8_TENSOR:  # q . (s c) = s (q . c): the K scale joins the score scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
@@ -87,9 +134,12 @@ def attend_tokens(
         row = block.to(tl.int64) * stride_kb + (tok % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
+        k = k.to(q.dtype)  # (a no-op for plain caches unless upcasting)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if KV_FORMAT == KV_FP8_TOKEN_HEAD:  # column t of the scores times token t's K scale
+            srow = block.to(tl.int64) * stride_sb + (tok % BLOCK_SIZE) * stride_st
+            srow += kv_head * stride_sh
+            scores *= tl.load(k_scale_ptr + srow, mask=t_mask, other=0.0)[None, :]
         scores = tl.where(t_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, TILE]
         # Online softmax: rescale what we have by 2^(m_old - m_new), then add this tile.
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -98,10 +148,14 @@ def attend_tokens(
         p = tl.exp2(scores - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if DOT_UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        v = v.to(q.dtype)
+        pv = p
+        if KV_FORMAT == KV_FP8_TOKEN_HEAD:  # sum_t p_t (s_t c_t) = (p s) @ c
+            pv = p * tl.load(v_scale_ptr + srow, mask=t_mask, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
+    if KV_FORMAT == KV_FP8_TENSOR:
+        acc = acc * tl.load(v_scale_ptr)
     return acc, m, l
 
 
@@ -126,9 +180,11 @@ def paged_decode_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
     max_seq_len,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence."""
     b = tl.program_id(0)
@@ -142,6 +198,8 @@ def paged_decode_kernel(
         q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
         0, seq_len, qk_scale, stride_kb, stride_kt, stride_kh,
         BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+        k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+        KV_FORMAT, INT4_GROUPS,
     )
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty sequence gives zeros, not NaN
     offs_g = tl.arange(0, GROUP_PAD)
@@ -159,15 +217,20 @@ def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def launch_constants(q: torch.Tensor, k_cache: torch.Tensor, scale: float | None) -> dict:
-    """Compile-time sizes shared by the one-pass and split kernels."""
+def launch_constants(q: torch.Tensor, k_cache, scale: float | None) -> dict:
+    """Compile-time sizes shared by the one-pass and split kernels (``k_cache`` a tensor or a
+    :class:`~paged_ref.QuantizedKV`)."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     scale = default_scale(head_dim, scale)
     # Triton 3.6's interpreter gives garbage for tl.dot on bfloat16 operands: there, and only
     # there, the kernels multiply in float32 (the loads and the bytes moved stay bfloat16).
-    upcast = _device.INTERPRET and q.dtype == torch.bfloat16
+    # De-quantised values are float16 for the dots, float32 with a float32 q or in the
+    # interpreter.
+    quantized = not isinstance(k_cache, torch.Tensor)
+    upcast = (_device.INTERPRET and q.dtype == torch.bfloat16) or (
+        quantized and (_device.INTERPRET or q.dtype == torch.float32))
     return dict(
         qk_scale=scale * LOG2E,
         BLOCK_SIZE=block_size,
@@ -199,7 +262,7 @@ def paged_attention_triton(
     allocation (the benchmark and planned calls do). Lengths are clamped to ``max_seq_len``
     (default: what the table holds, ``max_blocks_per_seq * block_size``).
     """
-    config = config or KernelConfig()
+    config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = check_out(out, q)
@@ -211,11 +274,13 @@ def paged_attention_triton(
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     consts = launch_constants(q, k_cache, scale)
+    (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     paged_decode_kernel[(batch, num_kv_heads)](
-        out, q, k_cache, v_cache, block_tables, seq_lens, consts.pop("qk_scale"), max_seq_len,
+        out, q, k_data, v_data, block_tables, seq_lens, consts.pop("qk_scale"), max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
+        **formats,
     )
     return out
 

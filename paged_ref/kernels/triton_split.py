@@ -28,10 +28,12 @@ import triton
 import triton.language as tl
 
 from paged_ref.cache_math import split_chunks
+from paged_ref.kernels.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
     check_out,
+    default_config,
     launch_constants,
     load_group_queries,
     paged_attention_triton,
@@ -176,11 +178,14 @@ def split_kv_kernel(
     out_ptr,  # [batch, num_q_heads, HEAD_DIM] (FUSED_MERGE only)
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale, chunk_size,
     max_seq_len, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-    stride_kb, stride_kt, stride_kh, num_q_heads, num_chunks,
+    stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+    num_q_heads, num_chunks,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FUSED_MERGE: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence.
 
@@ -204,6 +209,8 @@ def split_kv_kernel(
             q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
             start, end, qk_scale, stride_kb, stride_kt, stride_kh,
             BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+            k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+            KV_FORMAT, INT4_GROUPS,
         )
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -292,7 +299,7 @@ def paged_attention_split(
     exceed ``plan.num_chunks * plan.chunk_size``. Returns [batch, num_q_heads, head_dim] in
     q's dtype.
     """
-    config = config or KernelConfig()
+    config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = check_out(out, q)
@@ -315,13 +322,15 @@ def paged_attention_split(
     if scratch is None:
         scratch = SplitScratch.allocate(batch, num_q_heads, num_kv_heads, head_dim, plan,
                                         q.device)
+    (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
         scratch.part_out, scratch.part_lse, scratch.counters, out,
-        q, k_cache, v_cache, block_tables, seq_lens, qk_scale, plan.chunk_size, max_seq_len,
+        q, k_data, v_data, block_tables, seq_lens, qk_scale, plan.chunk_size, max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_q_heads, plan.num_chunks,
+        k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
+        num_q_heads, plan.num_chunks,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
-        FUSED_MERGE=plan.fused_merge, CHUNK_TILE=CHUNK_TILE, **consts,
+        FUSED_MERGE=plan.fused_merge, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
     )
     if not plan.fused_merge:
         merge_kernel[(batch, num_q_heads)](

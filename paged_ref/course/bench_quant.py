@@ -1,0 +1,284 @@
+"""``python -m paged_ref.bench --suite quant``: decode over FP8 and INT4 caches vs bf16.
+
+The standard decode cases (32 query heads, 8 KV heads, head_dim 128, block 16, q in bf16) with
+the cache stored as bf16, ``fp8`` (e4m3, one scale per layer, as vLLM), ``fp8_token_head``,
+``int4`` (two (scale, zero) pairs per token-head, one per half) and ``int4_g128`` (one pair);
+next to FlashInfer's paged decode on bf16 and on an FP8 (e4m3) cache with the same codes and
+scales. Bytes are what the kernel must read: codes plus per-token scales (plus q, out and
+tables), so % of copy bandwidth is comparable across formats.
+
+Per row: ``rel_err`` against the float64 answer for the *de-quantised* cache (is the kernel
+right?) and ``rel_err_vs_bf16`` against the float64 answer for the bf16 cache (what the format
+costs). Timing as in :mod:`paged_ref.course.bench` (median of do_bench, L2 flushed, the
+better of two passes after a warm-up). Refuses on a machine without a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from paged_ref.course.bench import (
+    CASES,
+    SHAPE,
+    bytes_moved,
+    copy_bandwidth_gbps,
+    environment,
+    time_ms,
+    warm_up_gpu,
+)
+from paged_ref.course.testing import PagedInputs, make_paged_inputs
+from paged_ref.quant import KVFormat, QuantizedKV, dequantize
+
+FORMATS = ("bf16", "fp8", "fp8_token_head", "int4", "int4_g128")
+#: Cases with enough work to be bandwidth-bound (B4_L2048 is launch-bound).
+LARGE_CASES = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
+
+
+def float64_reference(inp: PagedInputs) -> torch.Tensor:
+    """float64 decode attention of ``inp`` (a quantised cache is de-quantised first)."""
+    from paged_ref.reference import paged_attention_torch
+
+    k, v = inp.k_cache, inp.v_cache
+    if isinstance(k, QuantizedKV):
+        k, v = dequantize(k, torch.float64), dequantize(v, torch.float64)
+    return paged_attention_torch(inp.q.double(), k.double(), v.double(), inp.block_tables,
+                                 inp.seq_lens, max_len=int(inp.seq_lens.max()))
+
+
+def our_runners(inp: PagedInputs, configs=()) -> dict:
+    """label -> (backend, info, callable): the kernel ``paged_attention`` runs for these inputs
+    (the split kernel with the plan it would make, made once outside the timing; a one-chunk
+    plan is the one-pass kernel), or with ``configs`` the one-pass kernel at each config."""
+    from paged_ref.kernels.triton_decode import paged_attention_triton
+    from paged_ref.kernels.triton_split import SplitScratch, paged_attention_split, plan_for_inputs
+    from paged_ref.validation import Lengths
+
+    out = torch.empty_like(inp.q)
+    args = inp.args()
+    if configs:
+        return {f"triton[t{c.tile},w{c.num_warps},s{c.num_stages}]": (
+            "triton", {"config": vars(c).copy(), "sweep": "configs"},
+            lambda c=c: paged_attention_triton(*args, config=c, out=out)) for c in configs}
+    lengths = Lengths(int(inp.seq_lens.max()), int(inp.seq_lens.sum()))
+    plan = plan_for_inputs(inp.q, inp.k_cache, lengths)
+    batch, num_q_heads, head_dim = inp.q.shape
+    scratch = SplitScratch.allocate(batch, num_q_heads, inp.k_cache.shape[2], head_dim, plan,
+                                    inp.q.device)
+    backend = "triton_split" if plan.num_chunks > 1 else "triton"
+    return {backend: (backend, {"num_chunks": plan.num_chunks},
+                      lambda: paged_attention_split(*args, plan=plan, out=out, scratch=scratch))}
+
+
+def flashinfer_runners(inp: PagedInputs) -> dict:
+    """FlashInfer's paged decode (NHD), tensor cores on and off, on this cache: bf16 values, or
+    fp8 per-tensor codes with their scales (``k_scale`` / ``v_scale`` of ``run``)."""
+    try:
+        import flashinfer
+    except ImportError:
+        return {}
+    k, v = inp.k_cache, inp.v_cache
+    scales = {}
+    if isinstance(k, QuantizedKV):
+        if k.format != KVFormat.fp8("tensor"):
+            return {}  # FlashInfer reads per-tensor-scaled fp8, not these formats
+        scales = {"k_scale": float(k.scale), "v_scale": float(v.scale)}
+        k, v = k.data, v.data
+    batch, num_q_heads, head_dim = inp.q.shape
+    _, block_size, num_kv_heads, _ = k.shape
+    lens = inp.seq_lens.long()
+    pages = (lens + block_size - 1) // block_size
+    indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indptr[1:] = torch.cumsum(pages, 0)
+    cols = torch.arange(inp.block_tables.shape[1], device="cuda")
+    indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
+    last = (lens - (pages - 1) * block_size).to(torch.int32)
+    # Tensor cores on (FlashInfer's faster decode on the H200, bench.json); off only if that
+    # fails for this cache type. (Each kernel family JIT-compiles on first use.)
+    for tc in (True, False):
+        workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=tc)
+        try:
+            wrapper.plan(indptr, indices, last, num_q_heads, num_kv_heads, head_dim, block_size,
+                         q_data_type=inp.q.dtype, kv_data_type=k.dtype)
+            wrapper.run(inp.q, (k, v), **scales)
+        except Exception as exc:
+            print(f"flashinfer tc={tc} on {k.dtype}: {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        return {f"flashinfer[tc={tc}]": (
+            "flashinfer", {"use_tensor_cores": tc, "version": flashinfer.__version__},
+            lambda w=wrapper: w.run(inp.q, (k, v), **scales))}
+    return {}
+
+
+def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, configs=()):
+    """Rows for one case: ``who`` is ``"ours"`` (every format), ``"sweep"`` (ours at each of
+    ``configs``) or ``"flashinfer"`` (the formats FlashInfer reads: bf16, fp8)."""
+    from paged_ref.course.checks import relative_error
+
+    plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
+    ref_bf16 = float64_reference(plain)
+    rows = []
+    for fmt in formats:
+        if who == "flashinfer" and fmt not in ("bf16", "fp8"):
+            continue
+        inp = plain if fmt == "bf16" else plain.quantized(fmt)
+        ref = ref_bf16 if fmt == "bf16" else float64_reference(inp)
+        runners = (flashinfer_runners(inp) if who == "flashinfer"
+                   else our_runners(inp, configs if who == "sweep" else ()))
+        checked = {}
+        for label, (_, _, fn) in runners.items():
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+            except Exception as exc:
+                print(f"{name} {fmt} {label}: skipped ({type(exc).__name__}: {str(exc)[:160]})")
+                continue
+            checked[label] = (relative_error(out, ref), relative_error(out, ref_bf16))
+        warm_up_gpu()
+        passes = [{label: time_ms(runners[label][2]) for label in checked} for _ in range(2)]
+        nbytes = bytes_moved(inp)
+        for label, (err, err_bf16) in checked.items():
+            backend, info, _ = runners[label]
+            ms = min(p[label] for p in passes)
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            rows.append({"case": name, "backend": backend, "kv_format": fmt,
+                         "label": f"{label}[{fmt}]", "ms": ms, "gbps": gbps,
+                         "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err,
+                         "rel_err_vs_bf16": err_bf16, "bytes": nbytes,
+                         "ms_passes": [p[label] for p in passes], **info})
+        del inp, ref, runners
+        torch.cuda.empty_cache()
+    return rows
+
+
+def mark_best(rows: list[dict]) -> list[dict]:
+    """``best``: the fastest label of each (case, format, ours-or-FlashInfer)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get("sweep"):
+            continue
+        key = (r["case"], r["kv_format"], r["backend"] == "flashinfer")
+        if key not in best or r["ms"] < best[key]["ms"]:
+            best[key] = r
+    for r in rows:
+        r["best"] = best.get((r["case"], r["kv_format"], r["backend"] == "flashinfer")) is r
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    from tabulate import tabulate
+
+    print(tabulate([[r["case"], r["label"], f"{r['ms']:.4f}", f"{r['bytes'] / 1e6:.0f}",
+                     f"{r['gbps']:.0f}", f"{r['pct_copy_bw']:.1f}", f"{r['rel_err']:.1e}",
+                     f"{r['rel_err_vs_bf16']:.1e}"] for r in rows],
+                   headers=["case", "backend[format]", "ms", "MB read", "GB/s", "% copy bw",
+                            "err (own)", "err vs bf16"]))
+
+
+def plot(result: dict, path: Path) -> None:
+    """Two panels: ms per case (log scale) and % of copy bandwidth, one bar per
+    (ours / FlashInfer, format), best label of each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["results"] if r["best"]]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    series = list(dict.fromkeys(
+        ("FlashInfer " if r["backend"] == "flashinfer" else "ours ") + r["kv_format"]
+        for r in rows))
+    width = 0.8 / len(series)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for i, s in enumerate(series):
+        who, fmt = s.split(" ")
+        for ax, key in zip(axes, ("ms", "pct_copy_bw"), strict=True):
+            xs, ys = [], []
+            for j, case in enumerate(cases):
+                match = [r for r in rows if r["case"] == case and r["kv_format"] == fmt
+                         and (r["backend"] == "flashinfer") == (who == "FlashInfer")]
+                if match:
+                    xs.append(j + (i - (len(series) - 1) / 2) * width)
+                    ys.append(match[0][key])
+            ax.bar(xs, ys, width, label=s, hatch="//" if who == "FlashInfer" else None)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("ms per decode step (lower is better)")
+    axes[1].axhline(100, color="k", lw=0.8, ls="--")
+    axes[1].set_ylabel("% of copy bandwidth (quantised bytes counted)")
+    for ax in axes:
+        ax.set_xticks(range(len(cases)), cases, fontsize=7)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"Quantised KV decode, 32 q / 8 kv heads, d=128, block 16 — {result['gpu']}, "
+                 f"copy {result['copy_bw_gbps']:.0f} GB/s, {result['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paged_ref.bench --suite quant",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
+    p.add_argument("--formats", default=",".join(FORMATS), help="from: " + ", ".join(FORMATS))
+    p.add_argument("--flashinfer-formats", default="fp8",
+                   help="formats to time FlashInfer on (bf16 and/or fp8; '' for none)")
+    p.add_argument("--flashinfer-cases", default=",".join(CASES),
+                   help="cases to time FlashInfer on, after all of ours ('' for none)")
+    p.add_argument("--sweep-configs", default="",
+                   help="case to time the one-pass kernel on over a few tile/warps/stages, last")
+    p.add_argument("--out", default="quant.json", help="JSON path (the plot goes beside it)")
+    args = p.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    formats = [f for f in args.formats.split(",") if f]
+    fi_cases = [c for c in args.flashinfer_cases.split(",") if c]
+    sweep = [args.sweep_configs] if args.sweep_configs else []
+    bad = [c for c in cases + fi_cases + sweep if c not in CASES] + [
+        f for f in formats if f not in FORMATS]
+    if bad:
+        print(f"unknown case or format: {bad}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: no timings (see benchmarks/h200/quant.json). Bytes per "
+              "token-head (head_dim 128), codes + scales:")
+        for f in formats:
+            per = 256 if f == "bf16" else KVFormat.parse(f).bytes_per_token_head(128)
+            print(f"  {f:15s} {per:6.1f} B  ({256 / per:.2f}x fewer than bf16)")
+        return 2
+    from tqdm import tqdm
+
+    env = environment()
+    copy_bw = copy_bandwidth_gbps()
+    print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s (torch {env['torch']}, "
+          f"triton {env['triton']}, flashinfer {env['flashinfer']})")
+    out = Path(args.out)
+    rows = []
+    # Ours first, then FlashInfer (its first use of a kernel family JIT-compiles for a minute);
+    # the JSON is rewritten after every case, so a run cut short keeps what it measured.
+    from paged_ref.kernels.triton_decode import KernelConfig
+
+    fi_formats = [f for f in args.flashinfer_formats.split(",") if f]
+    configs = [KernelConfig(t, w, st) for t, w, st in ((64, 4, 3), (128, 4, 3), (64, 8, 3),
+                                                      (128, 8, 3), (64, 4, 4), (32, 4, 4))]
+    work = [(c, "ours", formats) for c in cases] + [(c, "flashinfer", fi_formats)
+                                                    for c in fi_cases]
+    if args.sweep_configs:
+        work.append((args.sweep_configs, "sweep", formats))
+    for name, who, fmts in tqdm(work, desc="cases", file=sys.stderr):
+        rows += run_case(name, CASES[name], fmts, who, copy_bw, configs)
+        result = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
+                  "large_cases": list(LARGE_CASES), "results": mark_best(rows)}
+        out.write_text(json.dumps(result, indent=1))
+    print_table(rows)
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The quantised-cache benchmark's pieces, on a CPU (the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from paged_ref.course import bench_quant
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.kernels.triton_decode import KernelConfig
+
+
+def test_runners_and_reference_agree_for_every_format():
+    plain = make_paged_inputs([40, 17], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                              dtype=torch.bfloat16, seed=31)
+    for fmt in ("fp8", "int4"):
+        inp = plain.quantized(fmt)
+        ref = bench_quant.float64_reference(inp)
+        assert_close(ref, inp.reference(), rel_tol=1e-12, name=f"{fmt} reference")
+        runners = {**bench_quant.our_runners(inp),
+                   **bench_quant.our_runners(inp, [KernelConfig(32, 4, 2)])}
+        for label, (_, _, fn) in runners.items():
+            assert_close(fn(), ref, name=f"{fmt} {label}")
+
+
+def test_bytes_count_codes_and_scales():
+    plain = make_paged_inputs([40, 17], num_q_heads=8, num_kv_heads=2, head_dim=64, seed=32,
+                              dtype=torch.bfloat16)
+    tokens = 57 * 2 * 2  # tokens x heads x (K, V)
+    assert plain.kv_bytes == tokens * 128
+    assert plain.quantized("fp8").kv_bytes == tokens * 64
+    assert plain.quantized("fp8_token_head").kv_bytes == tokens * (64 + 4)
+    assert plain.quantized("int4_g32").kv_bytes == tokens * (32 + 2 * 4)
+
+
+def test_best_marks_skip_sweeps():
+    rows = [dict(case="c", backend="triton", kv_format="fp8", ms=2.0),
+            dict(case="c", backend="triton", kv_format="fp8", ms=1.0, sweep="configs"),
+            dict(case="c", backend="flashinfer", kv_format="fp8", ms=3.0)]
+    marked = bench_quant.mark_best(rows)
+    assert [r["best"] for r in marked] == [True, False, True]
+
+
+def test_refuses_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        return
+    assert bench_quant.main(["--cases", "B4_L2048"]) == 2
+    assert "No CUDA GPU" in capsys.readouterr().out

@@ -1,0 +1,65 @@
+"""Quantised-cache kernels compiled on a CUDA GPU (skipped without one): every format against
+the float64 answer for the de-quantised cache, on sizes only a GPU holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paged_ref
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g128"]
+CASES = [
+    # lengths, block_size, head_dim, num_q_heads, num_kv_heads, q dtype
+    ([0, 1, 15, 16, 17, 300], 16, 128, 32, 8, torch.bfloat16),
+    (ragged_lengths(9, 1, 3000, seed=1), 16, 128, 32, 8, torch.float16),
+    ([1, 2, 33, 64, 65], 1, 128, 8, 8, torch.float32),
+    ([40000], 16, 64, 8, 1, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_split"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_quantised_matches_float64(backend, case, fmt):
+    lens, bs, d, hq, hkv, dtype = CASES[case]
+    fmt = "int4_g64" if fmt == "int4_g128" and d == 64 else fmt
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
+    out = paged_ref.paged_attention(*inp.args(), backend=backend)
+    assert_close(out, inp.reference(), name=f"{backend} {fmt} case {case}")
+
+
+@pytest.mark.parametrize("num_chunks", [2, 7, 300])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_quantised_split_any_chunking(num_chunks, fmt):
+    lens = [1, 700, 4097, 20000]
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=num_chunks).quantized(fmt)
+    chunk = -(-max(lens) // num_chunks)
+    out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk, -(-max(lens) // chunk)))
+    assert_close(out, inp.reference(), name=f"{fmt} split into {num_chunks}")
+
+
+@pytest.mark.parametrize("fmt", ["fp8_token_head", "int4"])
+def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt):
+    lens = [300, 4000, 17]
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=3).quantized(fmt)
+    plan = paged_ref.plan_decode(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 block_size=16, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(inp.q)
+    paged_ref.paged_attention(*inp.args(), plan=plan, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_ref.paged_attention(*inp.args(), plan=plan, out=out)
+    inp.q.copy_(torch.randn_like(inp.q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, inp.reference(), name=f"{fmt} graph replay")
