@@ -23,17 +23,18 @@ from __future__ import annotations
 import torch
 
 
-def pack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                block_ids: list[int]) -> torch.Tensor:
+def pack_blocks(cache, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
     """Exercise 11.1: gather blocks ``block_ids`` (in that order) of every layer's K and V.
 
     Args:
-        k_caches, v_caches: one tensor per layer, ``[num_blocks, block_size, Hkv, D]``.
+        cache: a :class:`paged_ref.PagedKVCache`; ``cache.k_caches[layer]`` and
+            ``cache.v_caches[layer]`` are ``[num_blocks, block_size, Hkv, D]``.
         block_ids: the sequence's block table (logical order), ids in ``[0, num_blocks)``.
+        out: optional, a contiguous tensor of the result's shape to fill (else a new one).
 
     Returns:
-        A new contiguous tensor ``[num_layers, 2, len(block_ids), block_size, Hkv, D]`` on the
-        caches' device and dtype: index 0 of the second dimension is K, 1 is V.
+        A contiguous tensor ``[num_layers, 2, len(block_ids), block_size, Hkv, D]`` on the
+        cache's device and dtype: index 0 of the second dimension is K, 1 is V.
 
     Hints:
         * One ``index_select`` (or advanced indexing) per layer and per K/V picks the blocks;
@@ -43,10 +44,9 @@ def pack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
     raise NotImplementedError("Exercise 11.1: pack_blocks")
 
 
-def unpack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                  block_ids: list[int], packed: torch.Tensor) -> None:
+def unpack_blocks(cache, block_ids: list[int], packed: torch.Tensor) -> None:
     """Exercise 11.2: write ``packed`` (from :func:`pack_blocks` on another pool) into blocks
-    ``block_ids`` of these caches, in place: the j-th packed block goes to ``block_ids[j]``.
+    ``block_ids`` of ``cache``, in place: the j-th packed block goes to ``block_ids[j]``.
 
     Every other block stays as it was.
 

@@ -271,7 +271,7 @@ def fp8_scale(x: torch.Tensor, per: str = "tensor") -> torch.Tensor:
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
 
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def fp8_encode(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Codes ``x / scale`` rounded to the nearest e4m3 value, saturating at +-448.
 
     ``scale``: 0-d, or ``x.shape[:-1]`` (one per vector). Returns float8_e4m3fn, ``x.shape``.
@@ -312,7 +312,7 @@ def int4_scale_zero(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     return scale.to(torch.float16), low.to(torch.float16)
 
 
-def quantize_int4(
+def int4_encode(
     x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
 ) -> torch.Tensor:
     """Packed codes ``round((x - zero) / scale)`` clamped to 0..15, ``[..., D // 2]`` uint8.
@@ -324,7 +324,7 @@ def quantize_int4(
     return pack_int4(codes.clamp(0, INT4_MAX).to(torch.uint8).flatten(-2))
 
 
-def dequantize_int4(
+def int4_decode(
     packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
 ) -> torch.Tensor:
     """float32 ``zero + scale * code`` per group, ``[..., D]``."""
@@ -356,12 +356,12 @@ def quantize(
     if fmt.kind == "int4":
         g = fmt.group(x.shape[-1])
         s, z = int4_scale_zero(x, g)
-        return QuantizedKV(quantize_int4(x, s, z, g), s, z, fmt)
+        return QuantizedKV(int4_encode(x, s, z, g), s, z, fmt)
     if scale is None:
         s = fp8_scale(x, fmt.scale_per)
     else:
         s = check_tensor_scale(scale, x.device)
-    return QuantizedKV(quantize_fp8(x, s), s, None, fmt)
+    return QuantizedKV(fp8_encode(x, s), s, None, fmt)
 
 
 def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -371,7 +371,7 @@ def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Te
     fmt = qkv.format
     if fmt.kind == "fp8":
         return dequantize_fp8(qkv.data, qkv.scale).to(dtype)
-    return dequantize_int4(qkv.data, qkv.scale, qkv.zero, fmt.group(qkv.shape[-1])).to(dtype)
+    return int4_decode(qkv.data, qkv.scale, qkv.zero, fmt.group(qkv.shape[-1])).to(dtype)
 
 
 def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -> None:
@@ -383,13 +383,13 @@ def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -
     if fmt.kind == "int4":
         g = fmt.group(values.shape[-1])
         scale, zero = int4_scale_zero(values, g)
-        parts = ((cache.data, quantize_int4(values, scale, zero, g)),
+        parts = ((cache.data, int4_encode(values, scale, zero, g)),
                  (cache.scale, scale), (cache.zero, zero))
     elif fmt.scale_per == "token_head":
         scale = fp8_scale(values, "token_head")
-        parts = ((cache.data, quantize_fp8(values, scale)), (cache.scale, scale))
+        parts = ((cache.data, fp8_encode(values, scale)), (cache.scale, scale))
     else:
-        parts = ((cache.data, quantize_fp8(values, cache.scale)),)
+        parts = ((cache.data, fp8_encode(values, cache.scale)),)
     for target, new in parts:
         if target.dtype == FP8_DTYPE:  # (index_copy_ has no float8 kernel on every device)
             target, new = target.view(torch.uint8), new.view(torch.uint8)

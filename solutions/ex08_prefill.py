@@ -10,7 +10,7 @@ Four exercises, then a given kernel and wrapper that use them:
 * Ex 8.4 :func:`attend_key_range`         (Triton) the key loop: load K/V tiles through the
                                           block table, mask when asked, online softmax
 * given  :func:`prefill_kernel`           one tile of BLOCK_Q query tokens x GROUP heads
-* given  :func:`paged_prefill`            the wrapper: grid (query tiles, KV heads, sequences)
+* given  :func:`paged_prefill_tiles`          the wrapper: grid (query tiles, KV heads, sequences)
 
 The queries of sequence ``b`` are its LAST ``q_len`` tokens (their K/V already in the cache):
 query row ``i`` is token ``p = seq_len - q_len + i`` and, causally, sees keys ``0 .. p``.
@@ -252,7 +252,7 @@ def prefill_kernel(
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
+def paged_prefill_tiles(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
                   scale: float | None = None, causal: bool = True, block_m: int = 32,
                   block_n: int = 16) -> torch.Tensor:
     """Given: launch :func:`prefill_kernel`. Same contract as

@@ -20,17 +20,18 @@ from __future__ import annotations
 import torch
 
 
-def pack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                block_ids: list[int]) -> torch.Tensor:
+def pack_blocks(cache, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
     """Exercise 11.1: gather blocks ``block_ids`` (in that order) of every layer's K and V.
 
     Args:
-        k_caches, v_caches: one tensor per layer, ``[num_blocks, block_size, Hkv, D]``.
+        cache: a :class:`paged_ref.PagedKVCache`; ``cache.k_caches[layer]`` and
+            ``cache.v_caches[layer]`` are ``[num_blocks, block_size, Hkv, D]``.
         block_ids: the sequence's block table (logical order), ids in ``[0, num_blocks)``.
+        out: optional, a contiguous tensor of the result's shape to fill (else a new one).
 
     Returns:
-        A new contiguous tensor ``[num_layers, 2, len(block_ids), block_size, Hkv, D]`` on the
-        caches' device and dtype: index 0 of the second dimension is K, 1 is V.
+        A contiguous tensor ``[num_layers, 2, len(block_ids), block_size, Hkv, D]`` on the
+        cache's device and dtype: index 0 of the second dimension is K, 1 is V.
 
     Hints:
         * One ``index_select`` (or advanced indexing) per layer and per K/V picks the blocks;
@@ -38,16 +39,16 @@ def pack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
         * The order of ``block_ids`` is the sequence's logical order: keep it.
     """
     # BEGIN SOLUTION
-    idx = torch.tensor(block_ids, dtype=torch.long, device=k_caches[0].device)
-    return torch.stack([torch.stack([k.index_select(0, idx), v.index_select(0, idx)])
-                        for k, v in zip(k_caches, v_caches, strict=True)])
+    idx = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
+    packed = torch.stack([torch.stack([k.index_select(0, idx), v.index_select(0, idx)])
+                          for k, v in zip(cache.k_caches, cache.v_caches, strict=True)])
+    return packed if out is None else out.copy_(packed)
     # END SOLUTION
 
 
-def unpack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                  block_ids: list[int], packed: torch.Tensor) -> None:
+def unpack_blocks(cache, block_ids: list[int], packed: torch.Tensor) -> None:
     """Exercise 11.2: write ``packed`` (from :func:`pack_blocks` on another pool) into blocks
-    ``block_ids`` of these caches, in place: the j-th packed block goes to ``block_ids[j]``.
+    ``block_ids`` of ``cache``, in place: the j-th packed block goes to ``block_ids[j]``.
 
     Every other block stays as it was.
 
@@ -56,8 +57,8 @@ def unpack_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
         * The receiver's ids differ from the sender's: only the position j links them.
     """
     # BEGIN SOLUTION
-    idx = torch.tensor(block_ids, dtype=torch.long, device=k_caches[0].device)
-    for layer, (k, v) in enumerate(zip(k_caches, v_caches, strict=True)):
+    idx = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
+    for layer, (k, v) in enumerate(zip(cache.k_caches, cache.v_caches, strict=True)):
         k.index_copy_(0, idx, packed[layer, 0])
         v.index_copy_(0, idx, packed[layer, 1])
     # END SOLUTION

@@ -99,13 +99,18 @@ def generated_module(name: str, folder: Path):
 
     Not exercises/ itself: a learner's helpers or edits there must not fail `make test`.
     """
-    [text] = [t for p, t in make_exercises.expected_exercises().items() if p.stem == name]
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"generated_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # Every stub goes into one package, so a stub's relative import of another lesson's stub
+    # (ex05 uses lesson 04's ``load_kv_tile``) resolves as it does in exercises/.
+    package = f"generated_{folder.name}".replace("-", "_")
+    (folder / package).mkdir()
+    (folder / package / "__init__.py").write_text("")
+    for path, text in make_exercises.expected_exercises().items():
+        (folder / package / path.name).write_text(text)
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    finally:
+        sys.path.remove(str(folder))
 
 
 @pytest.mark.parametrize("name", SOLUTION_FILES)

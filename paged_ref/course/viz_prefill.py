@@ -15,7 +15,7 @@ from paged_ref.cache_math import cdiv
 TILE_COLORS = {"full": "tab:green", "masked": "tab:orange", "skipped": "0.85"}
 
 
-def tile_key_ranges(first_pos: int, last_pos: int, seq_len: int, block_n: int,
+def tile_key_span(first_pos: int, last_pos: int, seq_len: int, block_n: int,
                     causal: bool = True) -> tuple[int, int]:
     """``(full_end, kv_end)`` for a tile of query rows at tokens ``first_pos .. last_pos``, as
     the kernel computes them: key tiles below ``full_end`` need no mask, tiles from there up to
@@ -33,7 +33,7 @@ def classify_tiles(seq_len: int, q_len: int, block_q: int, block_n: int,
     for t in range(cdiv(q_len, block_q)):
         first = seq_len - q_len + t * block_q
         last = seq_len - q_len + min((t + 1) * block_q, q_len) - 1
-        full_end, kv_end = tile_key_ranges(first, last, seq_len, block_n, causal)
+        full_end, kv_end = tile_key_span(first, last, seq_len, block_n, causal)
         grid.append(["full" if k0 + block_n <= full_end else "masked" if k0 < kv_end
                      else "skipped" for k0 in range(0, seq_len, block_n)])
     return grid

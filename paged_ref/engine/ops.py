@@ -46,7 +46,7 @@ def add_sequence(manager: KVCacheManager, seq_id: Hashable, token_ids: Sequence[
     return manager.add_sequence(seq_id, token_ids=token_ids)
 
 
-def append_slot(manager: KVCacheManager, seq_id: Hashable, token_id: int) -> int:
+def append_token(manager: KVCacheManager, seq_id: Hashable, token_id: int) -> int:
     """The slot of ``seq_id``'s next token ``token_id`` (a new block only at a boundary)."""
     return manager.append_slot(seq_id, token_id)
 

@@ -23,6 +23,7 @@ to its bucket with rows of length 0 that write their K/V to a spare block no req
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +104,7 @@ class ModelRunner:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs:
-            with torch.cuda.device(self.device):  # capture on the model's GPU, whichever
+            with self._on_device():  # capture on the model's GPU, whichever
                 self._capture(graph_buckets(max_num_seqs))  # device is current
 
     # ---- the forward pass -------------------------------------------------------------------
@@ -139,13 +140,18 @@ class ModelRunner:
     # ---- one step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
+    def _on_device(self):
+        """``torch.cuda.device(model's GPU)``: graphs capture and replay on their own GPU, not on
+        whichever is current (a no-op context on the CPU)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+
     def execute(self, step: StepInputs) -> list[int]:
         """Run one step; return the greedy next token of each of ``step.sample_rows``."""
         if not step.sample_rows and not step.input_ids:
             return []
         batch = len(step.seq_lens)
         if step.is_decode and self.graphs and batch <= max(self.graphs):
-            with torch.cuda.device(self.device):  # replay on the GPU the graphs belong to
+            with self._on_device():  # replay on the GPU the graphs belong to
                 tokens = self._replay(step)
             return tokens[: batch][step.sample_rows].tolist() if step.sample_rows else []
         dev = self.device

@@ -175,7 +175,7 @@ class Scheduler:
         if need > self.manager.num_free_blocks:
             return False
         for t in range(start, start + n):
-            ops.append_slot(self.manager, req.req_id, req.token_at(t))
+            ops.append_token(self.manager, req.req_id, req.token_at(t))
         return True
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:

@@ -89,7 +89,7 @@ def _load_kv(ptr, row, offs_d, key_ok, MASK_KEYS: tl.constexpr, HEAD_DIM: tl.con
 
 
 @triton.jit
-def attend_key_range(
+def attend_key_span(
     acc, m, l,  # running state: [BLOCK_M, HEAD_DIM_PAD] fp32, [BLOCK_M] max (log2), [BLOCK_M] sum
     q,  # [BLOCK_M, HEAD_DIM_PAD] this tile's queries
     pos,  # [BLOCK_M] each row's position in the sequence
@@ -188,11 +188,11 @@ def paged_prefill_kernel(
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    acc, m, l = attend_key_range(
+    acc, m, l = attend_key_span(
         acc, m, l, q, pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, 0, full_end, seq_len,
         qk_scale, stride_kb, stride_kt, stride_kh, False, CAUSAL, BLOCK_SIZE, BLOCK_N,
         HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST)
-    acc, m, l = attend_key_range(
+    acc, m, l = attend_key_span(
         acc, m, l, q, pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, full_end, kv_end,
         seq_len, qk_scale, stride_kb, stride_kt, stride_kh, True, CAUSAL, BLOCK_SIZE, BLOCK_N,
         HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST)
@@ -280,5 +280,5 @@ def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_s
     )
 
 
-__all__ = ["SHORT_CONFIG", "PrefillConfig", "attend_key_range", "default_config",
+__all__ = ["SHORT_CONFIG", "PrefillConfig", "attend_key_span", "default_config",
            "paged_prefill_kernel", "paged_prefill_triton"]

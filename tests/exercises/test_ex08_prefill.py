@@ -141,7 +141,7 @@ def test_attend_key_range_matches_reference(ex, seq_lens, q_lens, hq, hkv, block
     inp = make_prefill_inputs(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=32,
                               block_size=block_size, dtype=dtype, device=DEVICE, poison="nan",
                               seed=sum(seq_lens))
-    out = run_kernel(ex.paged_prefill, *inp.args(), causal=causal)
+    out = run_kernel(ex.paged_prefill_tiles, *inp.args(), causal=causal)
     assert_close(out, inp.reference(causal=causal),
                  name=f"paged_prefill output (seq_lens {seq_lens}, query rows {q_lens})")
 
@@ -154,7 +154,7 @@ def test_attend_key_range_every_diagonal_offset(ex):
     inp = make_prefill_inputs([p + n for p, n in zip(prefixes, q_lens, strict=True)], q_lens,
                               num_q_heads=2, num_kv_heads=2, head_dim=16, block_size=3,
                               device=DEVICE, seed=88)
-    out = run_kernel(ex.paged_prefill, *inp.args(), block_m=16, block_n=16)
+    out = run_kernel(ex.paged_prefill_tiles, *inp.args(), block_m=16, block_n=16)
     assert_close(out, paged_prefill_reference(*inp.args()),
                  name="paged_prefill output, prefixes 0..16")
 

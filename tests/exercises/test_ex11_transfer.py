@@ -31,7 +31,7 @@ def _pool(seed: int, num_layers=3, num_blocks=16, block_size=4, heads=2, dim=8,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pack_blocks_matches_the_library(ex, ids, dtype):
     cache = _pool(len(ids), dtype=dtype)
-    got = ex.pack_blocks(cache.k_caches, cache.v_caches, ids)
+    got = ex.pack_blocks(cache, ids)
     expected = transfer.pack_blocks(cache, ids)
     assert got.shape == expected.shape, (
         f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
@@ -45,7 +45,7 @@ def test_pack_blocks_matches_the_library(ex, ids, dtype):
 
 def test_pack_blocks_is_a_copy(ex):
     cache = _pool(1)
-    got = ex.pack_blocks(cache.k_caches, cache.v_caches, [3, 1])
+    got = ex.pack_blocks(cache, [3, 1])
     before = got.clone()
     cache.k_caches[0].zero_()
     assert torch.equal(got, before), "pack_blocks must copy, not view the cache"
@@ -56,7 +56,7 @@ def test_pack_blocks_is_a_copy(ex):
 def test_unpack_lands_each_block_in_the_receivers_id(ex, src_ids, dst_ids):
     src, dst = _pool(10), _pool(20)
     before = [t.clone() for t in dst.k_caches + dst.v_caches]
-    ex.unpack_blocks(dst.k_caches, dst.v_caches, dst_ids, transfer.pack_blocks(src, src_ids))
+    ex.unpack_blocks(dst, dst_ids, transfer.pack_blocks(src, src_ids))
     for layer in range(src.num_layers):
         for j, (a, b) in enumerate(zip(src_ids, dst_ids, strict=True)):
             assert torch.equal(dst.k_caches[layer][b], src.k_caches[layer][a]), (
@@ -70,6 +70,6 @@ def test_unpack_lands_each_block_in_the_receivers_id(ex, src_ids, dst_ids):
 
 def test_round_trip_through_both_exercises(ex):
     src, dst = _pool(3), _pool(4)
-    packed = ex.pack_blocks(src.k_caches, src.v_caches, [8, 1, 12])
-    ex.unpack_blocks(dst.k_caches, dst.v_caches, [2, 10, 6], packed)
+    packed = ex.pack_blocks(src, [8, 1, 12])
+    ex.unpack_blocks(dst, [2, 10, 6], packed)
     assert torch.equal(transfer.pack_blocks(dst, [2, 10, 6]), transfer.pack_blocks(src, [8, 1, 12]))

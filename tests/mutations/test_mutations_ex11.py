@@ -10,13 +10,14 @@ MUTATIONS = [
     Mutation("pack swaps K and V", "torch.stack([k.index_select(0, idx), v.index_select(0, idx)])",
              "torch.stack([v.index_select(0, idx), k.index_select(0, idx)])", keyword="pack"),
     Mutation("pack sorts the block ids (loses the logical order)",
-             "idx = torch.tensor(block_ids, dtype=torch.long, device=k_caches[0].device)\n"
-             "    return",
-             "idx = torch.tensor(sorted(block_ids), dtype=torch.long, device=k_caches[0].device)\n"
-             "    return", keyword="pack"),
-    Mutation("pack returns a view of one layer only",
-             "for k, v in zip(k_caches, v_caches, strict=True)])",
-             "for k, v in zip(k_caches[:1], v_caches[:1], strict=True)])", keyword="pack"),
+             "idx = torch.tensor(block_ids, dtype=torch.long, device=cache.device)\n"
+             "    packed",
+             "idx = torch.tensor(sorted(block_ids), dtype=torch.long, device=cache.device)\n"
+             "    packed", keyword="pack"),
+    Mutation("pack gathers one layer only",
+             "for k, v in zip(cache.k_caches, cache.v_caches, strict=True)])",
+             "for k, v in zip(cache.k_caches[:1], cache.v_caches[:1], strict=True)])",
+             keyword="pack"),
     Mutation("unpack writes the sender's positions, not block_ids",
              "k.index_copy_(0, idx, packed[layer, 0])",
              "k.index_copy_(0, torch.arange(len(idx)), packed[layer, 0])", keyword="unpack"),
