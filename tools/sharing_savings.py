@@ -20,10 +20,13 @@ from paged_ref.course import sharing_sim
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--max-len", type=int, default=1024, help="clip prompt + output")
     parser.add_argument("--out", default="benchmarks/cpu/sharing.json")
     args = parser.parse_args(argv)
-    savings = sharing_sim.saving_table(args.requests)
-    reqs = sharing_sim.dataset("ShareGPT-like", 4 * args.requests, seed=1)
+    savings = sharing_sim.saving_table(args.requests, max_len=args.max_len)
+    for row in savings:
+        print(row)
+    reqs = sharing_sim.dataset("ShareGPT-like", 4 * args.requests, seed=1, max_len=args.max_len)
     system_runs = []
     for system_tokens in (256, 1024):
         for on in (False, True):
@@ -36,6 +39,7 @@ def main(argv=None) -> int:
             print(system_runs[-1])
     result = {"machine": f"CPU ({platform.machine()}), plain Python",
               "date": datetime.date.today().isoformat(), "requests": args.requests,
+              "max_len": args.max_len,
               "block_size": 16, "datasets": sharing_sim.DATASETS,
               "paper_saving_pct": sharing_sim.PAPER_SAVING,
               "savings": savings, "system_prompt": system_runs}

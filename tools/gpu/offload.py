@@ -29,20 +29,7 @@ import torch
 
 import paged_ref
 from paged_ref import PagedKVCache
-
-LLAMA_8B = dict(num_layers=32, hidden=4096, num_q_heads=32, num_kv_heads=8, head_dim=128,
-                intermediate=14336, block_size=16, dtype="bfloat16")
-PREFIXES = [512, 1024, 2048, 4096, 8192, 16384, 32768]
-
-
-def prefill_flops(n: int, shape: dict) -> float:
-    """FLOPs to prefill ``n`` tokens through the layer stack (no embedding / LM head):
-    per layer ``2 n`` x (q, k, v, o and the 3 MLP weight matrices) + causal attention
-    ``2 * 2 * (n^2 / 2) * num_q_heads * head_dim`` (QK^T and PV, half the square)."""
-    h, kv = shape["hidden"], shape["num_kv_heads"] * shape["head_dim"]
-    weights = h * (h + 2 * kv + h) + 3 * h * shape["intermediate"]
-    attention = 2 * n * n * shape["num_q_heads"] * shape["head_dim"]
-    return shape["num_layers"] * (2 * n * weights + attention)
+from paged_ref.course.offload import LLAMA_8B, PREFIXES, prefill_flops
 
 
 def time_ms(fn, reps: int) -> float:
