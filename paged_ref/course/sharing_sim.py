@@ -146,6 +146,10 @@ def system_prompt_run(requests: Requests, system_tokens: int, num_blocks: int, *
     prompt (random token ids) from ``num_blocks`` blocks, first come first served; each
     step every running request appends one token; a finished request is freed (with prefix
     caching its full prompt blocks stay cached)."""
+    longest = system_tokens + int(requests.total.max())
+    if blocks_needed(longest, block_size) > num_blocks:
+        raise ValueError(f"a request of {longest} tokens does not fit in num_blocks="
+                         f"{num_blocks} blocks of {block_size}: it would be preempted forever")
     rng = np.random.default_rng(seed)
     system = rng.integers(0, 32000, size=system_tokens).tolist()
     m = KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
