@@ -137,6 +137,7 @@ class SystemPromptResult:
     hit_rate: float  #: prompt tokens served from the prefix cache / all prompt tokens
     mean_running: float  #: requests running at once, averaged over steps with a queue
     steps: int  #: decode steps until every request finished
+    peak_running: int = 0  #: most requests running at once
 
 
 def system_prompt_run(requests: Requests, system_tokens: int, num_blocks: int, *,
@@ -146,14 +147,20 @@ def system_prompt_run(requests: Requests, system_tokens: int, num_blocks: int, *
     prompt (random token ids) from ``num_blocks`` blocks, first come first served; each
     step every running request appends one token; a finished request is freed (with prefix
     caching its full prompt blocks stay cached)."""
+    longest = system_tokens + int(requests.total.max())
+    if blocks_needed(longest, block_size) > num_blocks:
+        raise ValueError(f"a request of {longest} tokens does not fit in num_blocks="
+                         f"{num_blocks} blocks of {block_size}: it would be preempted forever")
     rng = np.random.default_rng(seed)
     system = rng.integers(0, 32000, size=system_tokens).tolist()
     m = KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
     queue = list(range(len(requests)))[::-1]
     remaining: dict[int, int] = {}
     running_sum = saturated = steps = 0
+    peak = 0
+    admit = True  # after a preemption, admit no one until a request finishes
     while queue or remaining:
-        while queue:
+        while queue and admit:
             i = queue[-1]
             prompt = system + rng.integers(0, 32000, size=int(requests.prompt[i])).tolist()
             try:
@@ -165,6 +172,7 @@ def system_prompt_run(requests: Requests, system_tokens: int, num_blocks: int, *
         if not remaining:
             raise RuntimeError(f"request {queue[-1]} does not fit in {num_blocks} blocks")
         steps += 1
+        peak = max(peak, len(remaining))
         if queue:
             saturated += 1
             running_sum += len(remaining)
@@ -175,10 +183,12 @@ def system_prompt_run(requests: Requests, system_tokens: int, num_blocks: int, *
             m.free_sequence(newest)
             del remaining[newest]
             queue.append(newest)
+            admit = False
             continue
         for i in [i for i, left in remaining.items() if left <= 1]:
             m.free_sequence(i)
             del remaining[i]
+            admit = True
         remaining = {i: left - 1 for i, left in remaining.items()}
     return SystemPromptResult(enable_prefix_caching, m.stats().prefix_hit_rate,
-                              running_sum / max(1, saturated), steps)
+                              running_sum / max(1, saturated), steps, peak)

@@ -27,11 +27,13 @@ def test_beam_search_shares_more_than_parallel_sampling():
 
 
 def test_system_prompt_caching_raises_the_hit_rate_and_the_batch():
-    reqs = sharing_sim.dataset("Alpaca-like", 30, seed=1)
+    reqs = sharing_sim.dataset("Alpaca-like", 30, seed=1, max_len=256)
     off = sharing_sim.system_prompt_run(reqs, 64, 120, enable_prefix_caching=False)
     on = sharing_sim.system_prompt_run(reqs, 64, 120, enable_prefix_caching=True)
     assert off.hit_rate == 0 and 0.5 < on.hit_rate < 1
-    assert on.mean_running > off.mean_running
+    assert on.peak_running > off.peak_running
+    with pytest.raises(ValueError, match="does not fit"):
+        sharing_sim.system_prompt_run(reqs, 64, 10, enable_prefix_caching=True)
 
 
 def test_dataset_names():
