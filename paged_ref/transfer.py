@@ -27,12 +27,14 @@ sides, never bytes landing in the wrong shape).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from paged_ref.allocator import OutOfBlocksError
 from paged_ref.manager import KVCacheManager
 from paged_ref.storage import PagedKVCache
 
@@ -213,8 +215,6 @@ def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     Raises ``ValueError`` (nothing sent past the header) when the receiver has no room or its
     pool's shape differs; ``dst`` raises too.
     """
-    import time
-
     _check_mode(mode)
     table = manager.block_table(seq_id)
     num_tokens = manager.seq_len(seq_id)
@@ -242,10 +242,6 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     ``OutOfBlocksError`` (after telling the sender) when the pool has no room, ``ValueError``
     when the pools' shapes differ; in both cases nothing is held or written.
     """
-    import time
-
-    from paged_ref.allocator import OutOfBlocksError
-
     header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
     dist.recv(header, src, group=group)
     start = time.perf_counter()
@@ -292,8 +288,6 @@ def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequenc
     Raises ``ValueError`` (before any payload is sent) when this manager does not have the
     blocks cached, or the receiver refuses (no room, other pool shape).
     """
-    import time
-
     _check_mode(mode)
     bs = manager.block_size
     ids = [int(t) for t in token_ids]
@@ -340,10 +334,6 @@ def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
     Returns what moved; ``num_tokens`` counts the tokens now cached for that prompt.
     Raises ``OutOfBlocksError`` / ``ValueError`` as :func:`recv_sequence` (nothing changed).
     """
-    import time
-
-    from paged_ref.allocator import OutOfBlocksError
-
     if not manager.enable_prefix_caching:
         raise ValueError("recv_prefix needs a KVCacheManager with enable_prefix_caching=True")
     header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
