@@ -81,8 +81,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
-               big_bytes: int = 4 << 30) -> dict:
+               big_bytes: int = 4 << 30, chunk_mib=()) -> dict:
     """Rank 0 sends each prompt's blocks in each mode; rank 1 receives and checks them.
+    ``chunk_mib``: packed mode again at each of these message sizes (MiB), for prompts of
+    8k tokens and more (rows ``transfer_packed[chunk=N MiB]``).
     (Runs on CPUs with gloo too, for a smoke test: ``rank_device`` picks the device.)"""
     from paged_ref import transfer
     from paged_ref.course.two_ranks import rank_device
@@ -102,15 +104,19 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
     del big
     nccl_gbps = big_bytes / statistics.median(nccl[1:]) / 1e9
     for prompt in prompts:
-        for mode in transfer.MODES:
+        sweep = [("packed", mib << 20) for mib in chunk_mib if prompt >= 8192]
+        for mode, chunk_bytes in [(m, None) for m in transfer.MODES] + sweep:
             if mode == "per_block" and prompt > PER_BLOCK_MAX:
                 continue
+            label = f"transfer_{mode}" + (
+                f"[chunk={chunk_bytes >> 20} MiB]" if chunk_bytes else "")
             times = []
             for _ in range(reps + 1):
                 cache, manager = _pool(prompt, device, seed=prompt)
                 dist.barrier()
                 if rank == 0:
-                    transfer.send_sequence(cache, manager, "req", dst=1, mode=mode)
+                    transfer.send_sequence(cache, manager, "req", dst=1, mode=mode,
+                                           chunk_bytes=chunk_bytes)
                     ok = True
                 else:
                     dst_cache, dst_manager = _pool(prompt, device, seed=prompt + 1)
@@ -134,9 +140,10 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
                 torch.cuda.empty_cache()
             if rank == 1:
                 ms = statistics.median(times[1:]) * 1e3
-                rows.append({"case": f"P{prompt}", "backend": f"transfer_{mode}", "ms": ms,
+                rows.append({"case": f"P{prompt}", "backend": label, "ms": ms,
                              "gbps": payload / ms / 1e6, "payload_bytes": payload,
-                             "prompt_tokens": prompt})
+                             "prompt_tokens": prompt,
+                             "chunk_bytes": chunk_bytes or transfer.CHUNK_BYTES})
     return {"rows": rows, "nccl_gbps": nccl_gbps}
 
 
@@ -172,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", default=",".join(map(str, PROMPTS)))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-recompute", action="store_true")
+    p.add_argument("--sweep-chunk-mib", default="",
+                   help="comma-separated packed message sizes (MiB) to time too, prompts >= 8k")
     p.add_argument("--out", default="transfer.json")
     args = p.parse_args(argv)
     if torch.cuda.device_count() < 2:
@@ -185,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     p2p = p2p_copy_gbps()
     print(f"{env['gpu']} x2: cuda:0 -> cuda:1 copy {p2p:.0f} GB/s")
-    res = run_two_ranks(_rank_main, backend="nccl", prompts=prompts, reps=args.reps)[1]
+    chunk_mib = [int(x) for x in args.sweep_chunk_mib.split(",") if x]
+    res = run_two_ranks(_rank_main, backend="nccl", prompts=prompts, reps=args.reps,
+                        chunk_mib=chunk_mib)[1]
     rows = res["rows"]
     recompute = {} if args.no_recompute else recompute_ms(prompts)
     for prompt, ms in recompute.items():

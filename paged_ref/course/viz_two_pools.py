@@ -84,7 +84,8 @@ def draw_transfer_vs_recompute(result: dict) -> Figure:
     ``python -m paged_ref.bench --suite transfer`` result (log-log axes)."""
     fig = Figure(figsize=(6.5, 3.4))
     ax = fig.subplots()
-    backends = sorted({r["backend"] for r in result["results"]})
+    # (message-size sweep rows, "transfer_packed[chunk=N MiB]", are in the table, not here)
+    backends = sorted({r["backend"] for r in result["results"] if "[" not in r["backend"]})
     for backend in backends:
         rows = sorted((r for r in result["results"] if r["backend"] == backend),
                       key=lambda r: r["prompt_tokens"])
