@@ -18,15 +18,18 @@ has its own pool, allocator and tables. Moving the sequence is three steps:
     # rank 0 (prefill)                         # rank 1 (decode)
     send_sequence(cache0, m0, "req", dst=1)     recv_sequence(cache1, m1, "req", src=0)
 
-Payload layout (packed): ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads,
-head_dim]`` in the cache's dtype; :func:`pack_blocks` and :func:`unpack_blocks` are the gather
-and the scatter. Both pools must agree on ``num_layers``, ``block_size``, ``num_kv_heads``,
-``head_dim`` and ``dtype`` (checked in the handshake: a mismatch is a ``ValueError`` on both
-sides, never bytes landing in the wrong shape).
+Payload layout: :func:`pack_blocks` and :func:`unpack_blocks` (lesson 11's exercises) gather
+every layer into ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]`` and
+scatter it back. On the wire a message carries layers ``[l0, l1)`` (:func:`chunk_bounds`) as
+``[2 (K, V), l1 - l0, num_blocks, ...]``: the layout of the pool's one tensor ``cache.kv``, so
+each gather and scatter is one indexed copy. Both pools must agree on ``num_layers``,
+``block_size``, ``num_kv_heads``, ``head_dim`` and ``dtype`` (checked in the handshake: a
+mismatch is a ``ValueError`` on both sides, never bytes landing in the wrong shape).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -134,6 +137,12 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
+def _check_plain(cache: PagedKVCache) -> None:
+    if cache.kv is None:
+        raise ValueError("transfers move plain (float16 / bfloat16 / float32) caches; this "
+                         f"cache is quantised ({cache.kv_format.name})")
+
+
 def _sync(cache: PagedKVCache) -> None:
     if cache.device.type == "cuda":
         torch.cuda.synchronize(cache.device)
@@ -156,16 +165,39 @@ def layers_per_chunk(cache: PagedKVCache, num_blocks: int, mode: str,
     return max(1, min(cache.num_layers, chunk_bytes // max(1, per_layer)))
 
 
-def _pack_layers(cache, idx, layer0, layer1, out):
-    for i, layer in enumerate(range(layer0, layer1)):
-        torch.index_select(cache.k_caches[layer], 0, idx, out=out[i, 0])
-        torch.index_select(cache.v_caches[layer], 0, idx, out=out[i, 1])
+def chunk_bounds(num_layers: int, per_chunk: int) -> list[tuple[int, int]]:
+    """Layer ranges ``[l0, l1)`` of the payload's messages: ``per_chunk`` layers each, except
+    the first and the last message, one layer each -- the first gather and the last scatter are
+    the only copies no send overlaps, so they are kept short. (Both ranks compute the same
+    ranges from the header's ``per_chunk``.)"""
+    if per_chunk >= num_layers:
+        return [(0, num_layers)]
+    bounds, layer0 = [(0, 1)], 1
+    while layer0 < num_layers - 1:
+        layer1 = min(layer0 + per_chunk, num_layers - 1)
+        bounds.append((layer0, layer1))
+        layer0 = layer1
+    return bounds + [(num_layers - 1, num_layers)]
+
+
+def _staging(cache, per_chunk, num_blocks):
+    """Two flat message buffers, each room for ``per_chunk`` layers of ``num_blocks`` blocks."""
+    numel = 2 * per_chunk * num_blocks * cache.block_size * cache.num_kv_heads * cache.head_dim
+    return [torch.empty(numel, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+
+
+def _message(buffer, cache, num_layers, num_blocks):
+    """A contiguous view ``[2 (K, V), num_layers, num_blocks, block_size, Hkv, D]`` of the start
+    of a staging buffer: what one message carries."""
+    shape = (2, num_layers) + payload_shape(cache, num_blocks)[2:]
+    return buffer[: math.prod(shape)].view(shape)
 
 
 def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
     """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
-    asynchronously, so the gather of the next chunk overlaps the send of this one. ``idx``:
-    ``table`` as a device tensor, if the caller made it already."""
+    asynchronously, so the gather of the next chunk overlaps the send of this one. The gather is
+    one indexed copy from the pool's one tensor ``cache.kv`` ``[2, layers, blocks, ...]``.
+    ``idx``: ``table`` as a device tensor, if the caller made it already."""
     if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
         for layer in range(cache.num_layers):
             for block in table:
@@ -173,15 +205,13 @@ def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
                 dist.send(cache.v_caches[layer][block], dst, group=group)
         return
     idx = _block_index(cache, table) if idx is None else idx
-    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
-    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    staging = _staging(cache, per_chunk, len(table))
     in_flight = [None, None]
-    for i, layer0 in enumerate(range(0, cache.num_layers, per_chunk)):
-        layer1 = min(layer0 + per_chunk, cache.num_layers)
+    for i, (layer0, layer1) in enumerate(chunk_bounds(cache.num_layers, per_chunk)):
         if in_flight[i % 2] is not None:
             in_flight[i % 2].wait()  # this buffer's previous send has read it
-        buf = staging[i % 2][: layer1 - layer0]
-        _pack_layers(cache, idx, layer0, layer1, buf)
+        buf = _message(staging[i % 2], cache, layer1 - layer0, len(table))
+        torch.index_select(cache.kv[:, layer0:layer1], 2, idx, out=buf)
         in_flight[i % 2] = dist.isend(buf, dst, group=group)
     for work in in_flight:
         if work is not None:
@@ -190,7 +220,7 @@ def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
 
 def _recv_payload(cache, table, mode, src, group, per_chunk, idx=None):
     """The mirror of :func:`_send_payload`: the next chunk's receive is posted before this
-    chunk is scattered into its blocks."""
+    chunk is scattered into its blocks (one indexed copy into ``cache.kv``)."""
     if mode == "per_block":
         for layer in range(cache.num_layers):
             for block in table:
@@ -198,24 +228,21 @@ def _recv_payload(cache, table, mode, src, group, per_chunk, idx=None):
                 dist.recv(cache.v_caches[layer][block], src, group=group)
         return
     idx = _block_index(cache, table) if idx is None else idx
-    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
-    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
-    starts = list(range(0, cache.num_layers, per_chunk))
+    staging = _staging(cache, per_chunk, len(table))
+    bounds = chunk_bounds(cache.num_layers, per_chunk)
 
     def post(i):
-        layer0 = starts[i]
-        buf = staging[i % 2][: min(per_chunk, cache.num_layers - layer0)]
+        layer0, layer1 = bounds[i]
+        buf = _message(staging[i % 2], cache, layer1 - layer0, len(table))
         return buf, dist.irecv(buf, src, group=group)
 
     pending = post(0)
-    for i, layer0 in enumerate(starts):
+    for i, (layer0, layer1) in enumerate(bounds):
         buf, work = pending
-        if i + 1 < len(starts):
+        if i + 1 < len(bounds):
             pending = post(i + 1)
         work.wait()
-        for j in range(buf.shape[0]):
-            cache.k_caches[layer0 + j].index_copy_(0, idx, buf[j, 0])
-            cache.v_caches[layer0 + j].index_copy_(0, idx, buf[j, 1])
+        cache.kv[:, layer0:layer1].index_copy_(2, idx, buf)
 
 
 def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, dst: int,
@@ -229,6 +256,7 @@ def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     pool's shape differs; ``dst`` raises too.
     """
     _check_mode(mode)
+    _check_plain(cache)
     table = manager.block_table(seq_id)
     num_tokens = manager.seq_len(seq_id)
     per_chunk = layers_per_chunk(cache, len(table), mode, chunk_bytes)
@@ -264,9 +292,10 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
     mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
             _DTYPES.index(cache.dtype)]
-    if shape != mine:
+    if shape != mine or cache.kv is None:
         answer[:] = torch.tensor([0, 2])
         dist.send(answer, src, group=group)
+        _check_plain(cache)
         raise ValueError(
             f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
             f"differs from this pool's {mine}"
@@ -304,6 +333,7 @@ def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequenc
     blocks cached, or the receiver refuses (no room, other pool shape).
     """
     _check_mode(mode)
+    _check_plain(cache)
     bs = manager.block_size
     ids = [int(t) for t in token_ids]
     if not ids:
@@ -361,9 +391,10 @@ def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
     answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
     mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
             _DTYPES.index(cache.dtype)]
-    if shape != mine:
+    if shape != mine or cache.kv is None:
         answer[:] = torch.tensor([0, 2])
         dist.send(answer, src, group=group)
+        _check_plain(cache)
         raise ValueError(f"rank {src}'s pool {shape} differs from this pool's {mine}")
     seq = ("transfer", id(ids))
     try:
@@ -392,5 +423,5 @@ def _payload_bytes(cache: PagedKVCache, num_blocks: int) -> int:
     return num_blocks * cache.block_size * cache.bytes_per_token
 
 
-__all__ = ["MODES", "Transfer", "pack_blocks", "payload_shape", "recv_prefix", "recv_sequence",
-           "send_prefix", "send_sequence", "unpack_blocks"]
+__all__ = ["MODES", "Transfer", "chunk_bounds", "pack_blocks", "payload_shape", "recv_prefix",
+           "recv_sequence", "send_prefix", "send_sequence", "unpack_blocks"]

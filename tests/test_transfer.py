@@ -44,6 +44,24 @@ def test_unpack_checks_payload_shape():
         transfer.unpack_blocks(cache, [1, 2], transfer.pack_blocks(cache, [1, 2, 3]))
 
 
+@pytest.mark.parametrize("num_layers, per_chunk", [(1, 1), (2, 1), (3, 2), (30, 7), (32, 1),
+                                                  (32, 4), (32, 32), (32, 40)])
+def test_chunk_bounds_cover_every_layer_once_with_short_ends(num_layers, per_chunk):
+    bounds = transfer.chunk_bounds(num_layers, per_chunk)
+    assert [layer for l0, l1 in bounds for layer in range(l0, l1)] == list(range(num_layers))
+    assert all(1 <= l1 - l0 <= per_chunk for l0, l1 in bounds)
+    if per_chunk < num_layers:  # first and last messages carry one layer: short fill and drain
+        assert bounds[0] == (0, 1) and bounds[-1] == (num_layers - 1, num_layers)
+
+
+def test_a_quantised_cache_is_refused_before_anything_is_sent():
+    cache = PagedKVCache(2, 8, 4, 2, 8, kv_format="fp8")
+    m = KVCacheManager(8, 4)
+    m.add_sequence("a", 5)
+    with pytest.raises(ValueError, match="quantised"):  # (no process group: nothing was sent)
+        transfer.send_sequence(cache, m, "a", dst=1)
+
+
 def _refused(rank, world_size):
     """Rank 1's pool is too small: both sides raise, and nothing is held on rank 1."""
     cache = PagedKVCache(1, 4 if rank else 32, 4, 2, 8)
