@@ -9,7 +9,7 @@ has its own pool, allocator and tables. Moving the sequence is three steps:
    into a pool that has no room, and a "no" leaves both sides as they were;
 2. **move**: the payload travels through ``torch.distributed`` (NCCL between GPUs, gloo
    between CPU processes): *packed* -- the scattered blocks gathered into contiguous buffers
-   of a few layers each (about :data:`CHUNK_BYTES`), two in flight, so the gather of the next
+   of a few layers each (about :data:`MESSAGES` messages), two in flight, so the gather of the next
    chunk overlaps the send of this one; *per_layer* -- the same with one layer a message (what
    a layer-by-layer pipeline sends); *per_block* -- one send per (layer, K/V, block), no copy;
 3. **land**: ``dst`` scatters the payload into the blocks its allocator gave; its block table
@@ -22,9 +22,10 @@ Payload layout: :func:`pack_blocks` and :func:`unpack_blocks` (lesson 11's exerc
 every layer into ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]`` and
 scatter it back. On the wire a message carries layers ``[l0, l1)`` (:func:`chunk_bounds`) as
 ``[2 (K, V), l1 - l0, num_blocks, ...]``: the layout of the pool's one tensor ``cache.kv``, so
-each gather and scatter is one indexed copy. Both pools must agree on ``num_layers``,
-``block_size``, ``num_kv_heads``, ``head_dim`` and ``dtype`` (checked in the handshake: a
-mismatch is a ``ValueError`` on both sides, never bytes landing in the wrong shape).
+each gather and scatter is one indexed copy of whole blocks (:func:`_pool_rows`). Both pools
+must agree on ``num_layers``, ``block_size``, ``num_kv_heads``, ``head_dim`` and ``dtype``
+(checked in the handshake: a mismatch is a ``ValueError`` on both sides, never bytes landing
+in the wrong shape).
 """
 
 from __future__ import annotations
@@ -148,21 +149,30 @@ def _sync(cache: PagedKVCache) -> None:
         torch.cuda.synchronize(cache.device)
 
 
-#: Packed mode sends consecutive layers in chunks of about this many bytes, two in flight.
-CHUNK_BYTES = 256 << 20
+#: Packed mode sends the layers in about this many messages (two in flight), each at least
+#: :data:`MIN_MESSAGE_BYTES`. Measured on two H200s (benchmarks/h200x2/transfer.json, 8B-like
+#: shape): for a 32k-token prompt, 8 messages of 4 layers (512 MiB) reached 76 % of the copy
+#: bandwidth, 16 of 2 layers 70 %, 4 of 8 layers 73 %; for 8k tokens, messages of 128 MiB
+#: (4 layers) were the fastest; short prompts go best in one message.
+MESSAGES = 8
+MIN_MESSAGE_BYTES = 128 << 20
 
 
 def layers_per_chunk(cache: PagedKVCache, num_blocks: int, mode: str,
                      chunk_bytes: int | None = None) -> int:
     """Layers per message: one for ``per_layer``; for ``packed`` as many as fit in
-    ``chunk_bytes`` (default :data:`CHUNK_BYTES`; at least one layer, at most all)."""
+    ``chunk_bytes`` (at least one layer, at most all), by default enough for about
+    :data:`MESSAGES` messages of at least :data:`MIN_MESSAGE_BYTES`."""
     if mode == "per_layer":
         return 1
-    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    if chunk_bytes <= 0:
+    if chunk_bytes is not None and chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    per_layer = num_blocks * cache.block_size * cache.bytes_per_token // cache.num_layers
-    return max(1, min(cache.num_layers, chunk_bytes // max(1, per_layer)))
+    per_layer = max(1, num_blocks * cache.block_size * cache.bytes_per_token // cache.num_layers)
+    if chunk_bytes is None:
+        layers = max(-(-cache.num_layers // MESSAGES), MIN_MESSAGE_BYTES // per_layer)
+    else:
+        layers = chunk_bytes // per_layer
+    return max(1, min(cache.num_layers, layers))
 
 
 def chunk_bounds(num_layers: int, per_chunk: int) -> list[tuple[int, int]]:
@@ -186,6 +196,24 @@ def _staging(cache, per_chunk, num_blocks):
     return [torch.empty(numel, dtype=cache.dtype, device=cache.device) for _ in range(2)]
 
 
+def _row_numel(cache) -> int:
+    """Elements of one block of one layer's K (or V): ``block_size * Hkv * D``."""
+    return cache.block_size * cache.num_kv_heads * cache.head_dim
+
+
+def _pool_rows(cache) -> torch.Tensor:
+    """``cache.kv`` as ``[2 * num_layers * num_blocks, block]`` rows: row
+    ``(kv * num_layers + layer) * num_blocks + block``. An indexed copy along dim 0 of this
+    view moves whole contiguous blocks (the fast path), for any layers, K and V, in one launch."""
+    return cache.kv.view(-1, _row_numel(cache))
+
+
+def _block_rows(cache, idx: torch.Tensor) -> torch.Tensor:
+    """Rows of :func:`_pool_rows` for blocks ``idx``: int64 ``[2, num_layers, len(idx)]``."""
+    kv_layer = torch.arange(2 * cache.num_layers, device=idx.device).view(2, -1, 1)
+    return kv_layer * cache.num_blocks + idx
+
+
 def _message(buffer, cache, num_layers, num_blocks):
     """A contiguous view ``[2 (K, V), num_layers, num_blocks, block_size, Hkv, D]`` of the start
     of a staging buffer: what one message carries."""
@@ -196,7 +224,7 @@ def _message(buffer, cache, num_layers, num_blocks):
 def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
     """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
     asynchronously, so the gather of the next chunk overlaps the send of this one. The gather is
-    one indexed copy from the pool's one tensor ``cache.kv`` ``[2, layers, blocks, ...]``.
+    one indexed copy of whole blocks from the pool's one tensor (:func:`_pool_rows`).
     ``idx``: ``table`` as a device tensor, if the caller made it already."""
     if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
         for layer in range(cache.num_layers):
@@ -205,13 +233,15 @@ def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
                 dist.send(cache.v_caches[layer][block], dst, group=group)
         return
     idx = _block_index(cache, table) if idx is None else idx
+    rows = _block_rows(cache, idx)
     staging = _staging(cache, per_chunk, len(table))
     in_flight = [None, None]
     for i, (layer0, layer1) in enumerate(chunk_bounds(cache.num_layers, per_chunk)):
         if in_flight[i % 2] is not None:
             in_flight[i % 2].wait()  # this buffer's previous send has read it
         buf = _message(staging[i % 2], cache, layer1 - layer0, len(table))
-        torch.index_select(cache.kv[:, layer0:layer1], 2, idx, out=buf)
+        torch.index_select(_pool_rows(cache), 0, rows[:, layer0:layer1].flatten(),
+                           out=buf.view(-1, _row_numel(cache)))
         in_flight[i % 2] = dist.isend(buf, dst, group=group)
     for work in in_flight:
         if work is not None:
@@ -228,6 +258,7 @@ def _recv_payload(cache, table, mode, src, group, per_chunk, idx=None):
                 dist.recv(cache.v_caches[layer][block], src, group=group)
         return
     idx = _block_index(cache, table) if idx is None else idx
+    rows = _block_rows(cache, idx)
     staging = _staging(cache, per_chunk, len(table))
     bounds = chunk_bounds(cache.num_layers, per_chunk)
 
@@ -242,15 +273,16 @@ def _recv_payload(cache, table, mode, src, group, per_chunk, idx=None):
         if i + 1 < len(bounds):
             pending = post(i + 1)
         work.wait()
-        cache.kv[:, layer0:layer1].index_copy_(2, idx, buf)
+        _pool_rows(cache).index_copy_(0, rows[:, layer0:layer1].flatten(),
+                                      buf.view(-1, _row_numel(cache)))
 
 
 def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, dst: int,
                   mode: str = "packed", group=None, chunk_bytes: int | None = None) -> Transfer:
     """Send sequence ``seq_id``'s K/V (all layers) to rank ``dst``, which runs
     :func:`recv_sequence`. The local sequence is left as it is (free it when done).
-    ``chunk_bytes``: packed mode's message size (default :data:`CHUNK_BYTES`; the header tells
-    the receiver).
+    ``chunk_bytes``: packed mode's message size (default: about :data:`MESSAGES` messages; the
+    header tells the receiver).
 
     Raises ``ValueError`` (nothing sent past the header) when the receiver has no room or its
     pool's shape differs; ``dst`` raises too.

@@ -143,7 +143,7 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
                 rows.append({"case": f"P{prompt}", "backend": label, "ms": ms,
                              "gbps": payload / ms / 1e6, "payload_bytes": payload,
                              "prompt_tokens": prompt,
-                             "chunk_bytes": chunk_bytes or transfer.CHUNK_BYTES})
+                             "chunk_bytes": chunk_bytes})
     return {"rows": rows, "nccl_gbps": nccl_gbps}
 
 
