@@ -104,7 +104,8 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
         return "triton", None
     num_chunks = cdiv(max(max_seq_len or 0, max_len), split.chunk_size)
     return "triton_split", SplitPlan(split.chunk_size, num_chunks,
-                                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS)
+                                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS,
+                                     eager_fused_merge=split.eager_fused_merge)
 
 
 def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.device, *,

@@ -123,6 +123,14 @@ def test_gpu_dispatch_picks_each_kernel():
     assert kinds["split_short"][0] == kinds["split_long"][0] == "triton_split"
 
 
+def test_gpu_small_plan_merges_in_one_launch_eagerly_and_two_when_captured():
+    from paged_ref.kernels.triton_split import capturing
+
+    inp, plan = _planned("split_short")
+    assert plan.split.eager_fused_merge and not plan.split.fused_merge
+    assert not capturing(inp.q)  # eager here: the fused path (the graph test covers capture)
+
+
 @pytest.mark.parametrize("name", list(PLANNED))
 def test_gpu_planned_call_does_not_sync(name):
     inp, plan = _planned(name)
@@ -144,7 +152,7 @@ def test_gpu_planned_calls_repeat_identically(name):
     outs = [paged_ref.paged_attention(*inp.args(), plan=plan) for _ in range(20)]
     assert_close(outs[0], inp.reference(), name=name)
     assert all(torch.equal(outs[0], o) for o in outs[1:]), "launches differ"
-    if plan.split is not None and plan.split.fused_merge:
+    if plan.split is not None and (plan.split.fused_merge or plan.split.eager_fused_merge):
         assert (plan.scratch.counters == 0).all()
 
 

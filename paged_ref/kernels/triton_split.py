@@ -56,6 +56,12 @@ CHUNK_TILE = 16
 #: 84.8 vs 90.5 % of copy bandwidth; the last program's serial merge (and the merge code's
 #: registers in every program) cost more than the second launch saves.
 FUSED_MERGE_MAX_CHUNKS = 0
+#: ...but outside a CUDA graph a launch costs host time, and a small call is bound by it: plans
+#: with at most this much work (tokens x KV heads) merge inside the split kernel when run
+#: eagerly, and use the second kernel when captured. Measured on an H200 (B4_L2048, 65,536
+#: token-heads, planned eager calls): 0.0291 ms fused (benchmarks/h200/bench.json) vs 0.0345 ms
+#: with the merge kernel (bench_separate_merge.json); replayed from a graph, 0.0291 vs 0.0226.
+EAGER_FUSED_MAX_WORK = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class SplitPlan:
     chunk_size: int
     num_chunks: int
     fused_merge: bool = False
+    eager_fused_merge: bool = False  # fused when run eagerly, merge kernel when captured
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,7 +125,8 @@ def plan_split(
     if num_chunks == 1:
         return SplitPlan(chunk_size=max_len, num_chunks=1)
     return SplitPlan(chunk_size=chunk, num_chunks=num_chunks,
-                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS)
+                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS,
+                     eager_fused_merge=total_tokens * num_kv_heads <= EAGER_FUSED_MAX_WORK)
 
 
 def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
@@ -272,8 +280,14 @@ class SplitScratch:
             part_lse=torch.empty(batch, num_q_heads, plan.num_chunks, **f32),
             # zeros only where the fused merge counts (a memset is a launch); else a stand-in
             counters=torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=device)
-            if plan.fused_merge else torch.empty(1, dtype=torch.int32, device=device),
+            if plan.fused_merge or plan.eager_fused_merge
+            else torch.empty(1, dtype=torch.int32, device=device),
         )
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Is ``t``'s stream being captured into a CUDA graph (where launches cost no host time)?"""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def paged_attention_split(
@@ -323,6 +337,7 @@ def paged_attention_split(
         scratch = SplitScratch.allocate(batch, num_q_heads, num_kv_heads, head_dim, plan,
                                         q.device)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
+    fused = plan.fused_merge or (plan.eager_fused_merge and not capturing(q))
     split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
         scratch.part_out, scratch.part_lse, scratch.counters, out,
         q, k_data, v_data, block_tables, seq_lens, qk_scale, plan.chunk_size, max_seq_len,
@@ -330,9 +345,9 @@ def paged_attention_split(
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         num_q_heads, plan.num_chunks,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
-        FUSED_MERGE=plan.fused_merge, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
+        FUSED_MERGE=fused, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
     )
-    if not plan.fused_merge:
+    if not fused:
         merge_kernel[(batch, num_q_heads)](
             out, scratch.part_out, scratch.part_lse, seq_lens, plan.chunk_size, max_seq_len,
             out.stride(0), out.stride(1), num_q_heads, plan.num_chunks,

@@ -86,6 +86,29 @@ def test_plan_splits_long_sequences_into_enough_programs():
         assert plan.chunk_size % 64 == 0 and plan.chunk_size >= 256, name
 
 
+def test_only_small_plans_merge_in_the_split_kernel_when_run_eagerly():
+    """B4_L2048 is launch-bound: run eagerly it merges in one launch; big cases keep the
+    merge kernel (the fused merge's serial tail costs GPU time there)."""
+    assert _plan(STANDARD["B4_L2048"]).eager_fused_merge
+    for name in ("B8_L32768", "B1_L131072"):
+        assert not _plan(STANDARD[name]).eager_fused_merge, name
+
+
+def test_an_eager_fused_plan_runs_fused_and_is_right():
+    """Off a CUDA graph (always, in the interpreter) an eager_fused_merge plan takes the fused
+    path: the counters it uses come back to zero and the answer matches float64."""
+    from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+
+    inp = make_paged_inputs([40, 7, 65], num_q_heads=4, num_kv_heads=2, head_dim=16,
+                            block_size=8)
+    plan = SplitPlan(16, 5, eager_fused_merge=True)
+    scratch = SplitScratch.allocate(3, 4, 2, 16, plan, "cpu")
+    scratch.counters.fill_(0)
+    out = paged_attention_split(*inp.args(), plan=plan, scratch=scratch)
+    assert_close(out, inp.reference(), name="eager fused")
+    assert (scratch.counters == 0).all()
+
+
 def test_plan_splits_a_ragged_batch_whose_longest_sequence_dominates():
     lens = [64] * 31 + [16384]
     assert _plan(lens).num_chunks > 1
