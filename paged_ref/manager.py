@@ -401,7 +401,9 @@ class KVCacheManager:
         :meth:`take_copies`): a copy *into* a block that nobody holds any more is dropped and
         that block is uncached (it never got the K/V its hash names); the *source* of a copy
         that is still owed is not released with its last holder but kept until the copy is
-        taken, so it cannot be handed out and overwritten before the copy reads it.
+        taken, so it cannot be handed out and overwritten before the copy reads it. (The
+        freed sequence's own token of this step is never written: if it filled a block in
+        place, that block is cached without it. Free such a sequence between steps.)
         """
         table = self._table(seq_id)
         dropping = Counter(table)  # this sequence's holds, per block
