@@ -120,6 +120,20 @@ def beam_search_saving(requests: Requests, width: int, block_size: int = 16,
     return result
 
 
+def beams_common_ancestor_steps(width: int, trials: int = 2000, seed: int = 0) -> float:
+    """In :func:`beam_search_saving`'s model (each new beam picks its parent uniformly at
+    random among the ``width`` beams), how many steps back all current beams first share one
+    ancestor, averaged over ``trials`` (the Wright-Fisher coalescent: ``2 (width - 1)``)."""
+    rng = np.random.default_rng(seed)
+    total = 0
+    for _ in range(trials):
+        lineages = width
+        while lineages > 1:  # one step back: each lineage's parent, distinct ones survive
+            lineages = len(set(rng.integers(0, width, size=lineages).tolist()))
+            total += 1
+    return total / trials
+
+
 def saving_table(num_requests: int = 100, block_size: int = 16, seed: int = 0,
                  sizes=(2, 4, 6), max_len: int = 2048) -> list[dict]:
     """One row per dataset x method x size: our saving (%) next to the paper's range.

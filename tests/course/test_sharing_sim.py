@@ -46,6 +46,12 @@ def test_paper_savings_are_per_dataset():
         ("ShareGPT-like", "beam search"): {"below": [], "within": [], "above": [6]}}
 
 
+def test_random_beams_share_an_ancestor_about_2_width_steps_back():
+    assert sharing_sim.beams_common_ancestor_steps(1) == 0
+    assert sharing_sim.beams_common_ancestor_steps(2, trials=4000) == pytest.approx(2, rel=0.1)
+    assert sharing_sim.beams_common_ancestor_steps(6, trials=2000) == pytest.approx(10, rel=0.1)
+
+
 def test_beam_search_shares_more_than_parallel_sampling():
     reqs = sharing_sim.dataset("Alpaca-like", 4, seed=0)
     beam = sharing_sim.beam_search_saving(reqs, 4)
