@@ -605,7 +605,7 @@ class BlockTableExplorer:
 
         bundle = self.widget._repr_mimebundle_()
         bundle["image/png"] = self._png()
-        bundle["text/plain"] = f"BlockTableExplorer: {self.message}"
+        bundle["text/plain"] = f"{type(self).__name__}: {self.message}"
         display(bundle, raw=True)
 
     def _png(self) -> bytes:
