@@ -91,7 +91,7 @@ class CachedBlock(NamedTuple):
     parent_hash: bytes | None  #: the hash of the block before it (None: a prompt's first)
     token_ids: tuple[int, ...]  #: the ``block_size`` tokens it holds
     ref_count: int  #: sequences holding it now
-    evictable: bool  #: held by nobody (``ref_count == 0``): next in line when the pool runs dry
+    evictable: bool  #: held by nobody (not even for an owed copy): next to go when the pool is dry
 
 
 @dataclass(frozen=True)
