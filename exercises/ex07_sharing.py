@@ -25,6 +25,13 @@ Exercises:
     7.8  share           one more holder; a hit revives an evictable block
 
 ``add_sequence`` (given) puts 7.6, 7.8 and 7.7 together.
+
+One simplification: the copies in ``copies`` are assumed to be performed (and the list
+emptied) at the end of the step that recorded them, before any sequence is freed.
+``paged_ref.KVCacheManager`` also allows a sequence to be freed while its copy is still owed
+(a request preempted or aborted mid-step): it drops a copy into the freed writer's block, and
+keeps the copy's source from being handed out (and overwritten) until the copy is taken; see
+its ``free_sequence``.
 """
 
 from __future__ import annotations

@@ -202,6 +202,19 @@ class BlockAllocator:
         self._block_of[block_hash] = block_id
         return True
 
+    def uncache_block(self, block_id: int) -> None:
+        """Forget the hash of ``block_id`` (its K/V will never hold what the hash names): no
+        later prompt finds it, and if nobody holds it, it moves from the evictable list to the
+        free list. A block without a hash is left as it is."""
+        block_id = self._check_id(block_id)
+        block_hash = self._hash_of.pop(block_id, None)
+        if block_hash is None:
+            return
+        del self._block_of[block_hash]
+        if block_id in self._evictable:
+            del self._evictable[block_id]
+            self._free_list.append(block_id)
+
     def cached_block(self, block_hash: Hashable) -> int | None:
         """The block cached under ``block_hash``, or None."""
         return self._block_of.get(block_hash)

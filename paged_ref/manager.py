@@ -19,7 +19,12 @@ Sharing blocks (lesson 07). Blocks carry reference counts, so sequences can shar
   beam search). The first write into a shared, partly filled last block is a *copy-on-write*:
   ``append_slot`` gives the writer a fresh block and records ``(src, dst)``;
   ``take_copies()`` hands those pairs over and ``PagedKVCache.copy_blocks(pairs)`` performs
-  them, once per step, *before* the step writes any K/V.
+  them, once per step, *before* the step writes any K/V. A sequence freed while its copy is
+  still owed (preempted or aborted in the middle of a step): the copy *into* its block is
+  dropped (nobody will read that block; if it was cached, it is uncached: it never got its
+  K/V), and the copy's *source* stays held until ``take_copies()`` hands the copy out, even if
+  every sequence holding it is freed, so no other sequence can be given that block and write
+  into it before it is read.
 * prefix caching (``enable_prefix_caching=True``, vLLM v1's design): a full block whose token
   ids are all known is identified by ``hash_block_tokens(parent_hash, its token ids)``, a chain
   over the whole prefix. ``add_sequence(seq_id, token_ids=...)`` shares the longest chain of
@@ -86,7 +91,7 @@ class CachedBlock(NamedTuple):
     parent_hash: bytes | None  #: the hash of the block before it (None: a prompt's first)
     token_ids: tuple[int, ...]  #: the ``block_size`` tokens it holds
     ref_count: int  #: sequences holding it now
-    evictable: bool  #: held by nobody (``ref_count == 0``): next in line when the pool runs dry
+    evictable: bool  #: held by nobody (not even for an owed copy): next to go when the pool is dry
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class CacheStats:
 
     num_blocks: int  #: blocks in the pool
     block_size: int  #: tokens per block
-    blocks_used: int  #: blocks held by some sequence (a shared block counts once)
+    blocks_used: int  #: blocks held (a shared block once; with the source of an owed copy)
     blocks_free: int  #: blocks the allocator can still hand out (plain free + evictable)
     tokens_stored: int  #: tokens held, summed over sequences (shared tokens count per sequence)
     slots_reserved_empty: int  #: slots in used blocks that hold no token yet (internal waste)
@@ -167,6 +172,9 @@ class KVCacheManager:
         self._hashes: dict[Hashable, list[bytes]] = {}
         self._cached: dict[bytes, tuple[bytes | None, tuple[int, ...]]] = {}
         self._copies: list[tuple[int, int]] = []
+        # Sources of owed copies whose last holder was freed: held here until the copy is
+        # handed out (each one is a reference in the allocator, not a sequence's).
+        self._pinned: list[int] = []
         self._hit_tokens = 0
         self._miss_tokens = 0
 
@@ -338,7 +346,7 @@ class KVCacheManager:
         pos = self._lens[seq_id]
         if pos % self.block_size == 0:
             table.append(self._allocator.allocate())  # raises before anything changes
-        elif self._allocator.ref_count(table[-1]) > 1:  # shared: copy on write
+        elif self.ref_count(table[-1]) > 1:  # shared: copy on write
             fresh = self._allocator.allocate()  # raises before anything changes
             self._allocator.free(table[-1])  # still held by the others
             self._copies.append((table[-1], fresh))
@@ -387,13 +395,33 @@ class KVCacheManager:
 
         A block nobody holds any more goes back to the pool; if it is cached (full, hashed) it
         stays findable as evictable. The last block is released first, so a prompt's later
-        blocks are evicted before its first ones. Pending copies into a block that becomes
-        free are dropped.
+        blocks are evicted before its first ones.
+
+        Copy-on-writes still owed (recorded by ``append_slot``, not yet taken by
+        :meth:`take_copies`): a copy *into* a block that nobody holds any more is dropped and
+        that block is uncached (it never got the K/V its hash names); the *source* of a copy
+        that is still owed is not released with its last holder but kept until the copy is
+        taken, so it cannot be handed out and overwritten before the copy reads it. (The
+        freed sequence's own token of this step is never written: if it filled a block in
+        place, that block is cached without it. Free such a sequence between steps.)
         """
         table = self._table(seq_id)
+        dropping = Counter(table)  # this sequence's holds, per block
+
+        def held_after(block_id: int) -> bool:
+            return self._allocator.ref_count(block_id) > dropping[block_id]
+
+        owed = [(s, d) for s, d in self._copies if held_after(d)]
+        for _, dst in set(self._copies) - set(owed):
+            self._uncache(dst)
+        keep = {s for s, _ in owed if not held_after(s)}  # last holder leaving, copy owed
         for block_id in reversed(table):
-            self._allocator.free(block_id)
-        self._copies = [(s, d) for s, d in self._copies if not self._allocator.is_free(d)]
+            if block_id in keep:  # this hold becomes the manager's until take_copies()
+                keep.discard(block_id)
+                self._pinned.append(block_id)
+            else:
+                self._allocator.free(block_id)
+        self._copies = owed
         del self._tables[seq_id]
         del self._lens[seq_id]
         self._tokens.pop(seq_id, None)
@@ -403,11 +431,13 @@ class KVCacheManager:
         """The ``(src, dst)`` block copies owed by copy-on-write since the last call.
 
         Perform them with ``PagedKVCache.copy_blocks(pairs)`` before this step writes any
-        K/V (the writer's new token goes into ``dst`` after its old contents arrive).
+        K/V (the writer's new token goes into ``dst`` after its old contents arrive). Sources
+        kept only for these copies (their last holder was freed) are released now.
         """
         if self._swap_out or self._swap_in:
             raise RuntimeError("host-tier moves are pending: call take_block_ops() instead")
         copies, self._copies = self._copies, []
+        self._release_pinned()
         return copies
 
     def take_block_ops(self) -> BlockOps:
@@ -416,13 +446,15 @@ class KVCacheManager:
         order, before this step writes any K/V (with a host tier, call this every step)."""
         ops = BlockOps(self._swap_out, self._swap_in, self._copies)
         self._swap_out, self._swap_in, self._copies = [], [], []
+        self._release_pinned()
         if self._host is not None:
             self._host.release_reserved()
         return ops
 
     def ref_count(self, block_id: int) -> int:
-        """How many sequences hold ``block_id`` (0 if none: free or evictable)."""
-        return self._allocator.ref_count(block_id)
+        """How many sequences hold ``block_id`` (0 if none: free, evictable, or only kept as
+        the source of an owed copy, see :meth:`free_sequence`)."""
+        return self._allocator.ref_count(block_id) - self._pinned.count(block_id)
 
     # ---- reading state ----------------------------------------------------------------------
 
@@ -489,7 +521,7 @@ class KVCacheManager:
             slots_reserved_empty=used * self.block_size - sum(fill.values()),
             num_sequences=len(self._tables),
             blocks_evictable=self._allocator.num_evictable_blocks,
-            blocks_shared=sum(self._allocator.ref_count(b) > 1 for b in fill),
+            blocks_shared=sum(self.ref_count(b) > 1 for b in fill),
             prefix_hit_tokens=self._hit_tokens,
             prefix_miss_tokens=self._miss_tokens,
             prefix_host_hit_tokens=self._host_hit_tokens,
@@ -503,7 +535,7 @@ class KVCacheManager:
         for block_hash, (parent, tokens) in self._cached.items():
             block_id = alloc.cached_block(block_hash)
             entries.append(CachedBlock(block_id, block_hash, parent, tokens,
-                                       alloc.ref_count(block_id), alloc.is_evictable(block_id)))
+                                       self.ref_count(block_id), alloc.is_evictable(block_id)))
         return entries
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -593,8 +625,22 @@ class KVCacheManager:
             else:
                 writers[self._tables[seq_id][-1]] += 1
         for block_id, count in writers.items():
-            needed += min(count, self._allocator.ref_count(block_id) - 1)
+            needed += min(count, self.ref_count(block_id) - 1)
         return needed
+
+    def _uncache(self, block_id: int) -> None:
+        """Drop ``block_id`` from the prefix cache (if it is there): its K/V are not what its
+        hash names."""
+        block_hash = self._allocator.block_hash(block_id)
+        if block_hash is not None:
+            self._allocator.uncache_block(block_id)
+            del self._cached[block_hash]
+
+    def _release_pinned(self) -> None:
+        """The owed copies were handed out: let go of the sources kept for them."""
+        for block_id in self._pinned:
+            self._allocator.free(block_id)
+        self._pinned = []
 
     def _on_evict(self, block_id: int, block_hash: bytes) -> None:
         """The allocator evicted ``block_id``: spill it to the host tier if there is one

@@ -18,7 +18,7 @@ def snapshot(m: KVCacheManager):
         a.evictable_blocks(),
         {s: (m.block_table(s), m.seq_len(s)) for s in m.seq_ids},
         m.stats(),
-        list(m._copies), list(m._swap_out), list(m._swap_in),
+        list(m._copies), list(m._pinned), list(m._swap_out), list(m._swap_in),
         None if m._host is None else m._host.hashes(),
     )
 

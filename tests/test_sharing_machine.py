@@ -5,6 +5,9 @@ Every token's K/V is derived from its id, its position and a fingerprint of the 
 up to it (as a real model's K/V depend on every earlier token), written through the manager's
 slots, so reading a sequence back shows exactly which prefix its blocks hold. The model knows every
 token; sometimes it hides a token id from the manager (``append_slot`` without ``token_id``).
+One rule frees sequences and admits a prompt in the middle of a step (after the slots are taken,
+before the block moves run), so copy-on-writes are owed while their writers or the last holders
+of their sources go away.
 
 Checked after every step: conservation (plain free + evictable + held == num_blocks); each held
 block's reference count equals the number of tables that list it; nothing held is free or
@@ -154,7 +157,12 @@ class SharingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())
     def decode_step(self, data):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True, min_size=1))
+        parent = data.draw(st.sampled_from(sorted(self.tokens)))
+        child, self.next_id = self.next_id, self.next_id + 1
+        self.m.fork(parent, child)  # between steps: one more sample, so this step copies
+        self.tokens[child] = list(self.tokens[parent])
+        others = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True))
+        ids = [child] + [s for s in others if s != child]
         new = data.draw(st.lists(TOKENS, min_size=len(ids), max_size=len(ids)))
         lens = [len(self.tokens[s]) for s in ids]
         before = snapshot(self.m)
@@ -167,6 +175,60 @@ class SharingMachine(RuleBasedStateMachine):
         for s, t, n in zip(ids, new, lens, strict=True):
             self.tokens[s].append(t)
             self._write(s, n)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def step_with_frees_before_the_block_moves(self, data):
+        """A decode step in which, after the slots are taken and before the block moves run,
+        some sequences are freed (finished, preempted, aborted) and a new prompt is admitted:
+        a freed writer's owed copy is dropped, a freed holder's block stays until its copy ran.
+
+        A freed writer's new token is never written, so one whose token filled its block in
+        place is not freed here: that block would be cached without that token's K/V (the
+        caller's rule, docs/contract.md: free such a sequence only between steps)."""
+        parent = data.draw(st.sampled_from(sorted(self.tokens)))
+        child, self.next_id = self.next_id, self.next_id + 1
+        self.m.fork(parent, child)  # between steps: one more sample, so this step copies
+        self.tokens[child] = list(self.tokens[parent])
+        others = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True))
+        ids = [child] + [s for s in others if s != child]
+        new = data.draw(st.lists(TOKENS, min_size=len(ids), max_size=len(ids)))
+        bs, lens = self.m.block_size, [len(self.tokens[s]) for s in ids]
+        last = {s: self.m.block_table(s)[-1:] for s in ids}
+        try:
+            self.m.append_slots(ids, new)
+        except OutOfBlocksError:
+            return
+        cow = {s for s, n in zip(ids, lens, strict=True)
+               if n % bs and self.m.block_table(s)[-1:] != last[s]}
+        filled_in_place = {s for s, n in zip(ids, lens, strict=True)
+                           if (n + 1) % bs == 0 and s not in cow}
+        candidates = sorted(set(self.tokens) - filled_in_place)
+        gone = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
+        for s in gone:
+            self.m.free_sequence(s)
+            del self.tokens[s]
+        prompt, seq_id = None, self.next_id
+        if self.seen and data.draw(st.booleans()):
+            earlier = data.draw(st.sampled_from(self.seen))
+            prompt = earlier[: data.draw(st.integers(0, len(earlier)))] + [data.draw(TOKENS)]
+            try:
+                cached = self.m.add_sequence(seq_id, token_ids=prompt)
+                self.next_id += 1
+            except OutOfBlocksError:
+                prompt = None
+        for src, dst in self.m._copies:  # owed copies: nothing read from or written to a
+            assert not self.m.allocator.is_free(src), f"owed copy's source {src} is free"
+            assert self.m.ref_count(dst) > 0, f"copy owed into block {dst}, held by nobody"
+        self.cache.apply_block_ops(self.m.take_block_ops())  # the step: moves, then writes
+        for s, t, n in zip(ids, new, lens, strict=True):
+            if s in self.tokens:
+                self.tokens[s].append(t)
+                self._write(s, n)
+        if prompt is not None:
+            self.seen.append(prompt)
+            self.tokens[seq_id] = prompt
+            self._write(seq_id, cached)
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

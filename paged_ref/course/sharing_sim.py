@@ -10,7 +10,7 @@ sharing divided by the number of total blocks without sharing").
 
 * **parallel sampling** (:func:`parallel_sampling_saving`): ``n`` samples of one prompt. The
   prompt is added once and forked ``n - 1`` times; each sample then decodes its own output
-  (lengths drawn independently). Only the prompt is shared.
+  (lengths drawn independently, or all of the request's length). Only the prompt is shared.
 * **beam search** (:func:`beam_search_saving`): ``width`` beams. At every step each new beam
   picks its parent uniformly at random among the current beams (a model of which candidates
   survive the top-``width`` cut; real scores are not simulated): ``fork`` the parents, free the
@@ -34,9 +34,18 @@ from paged_ref.manager import KVCacheManager
 #: Mean prompt / output lengths in tokens (PagedAttention paper, Table 1 / Fig. 11).
 DATASETS = {"ShareGPT-like": (161.31, 337.99), "Alpaca-like": (19.31, 58.45)}
 
-#: Memory saved by sharing, PagedAttention paper §6.3 (OPT-13B, Alpaca, widths / n = 2, 4, 6),
-#: in percent: (lowest, highest).
-PAPER_SAVING = {"parallel sampling": (6.1, 9.8), "beam search": (37.6, 55.2)}
+#: Memory saved by sharing in the PagedAttention paper, in percent (lowest, highest) over
+#: n / width = 2, 4, 6, per dataset (ours are lognormal fits of the paper's ShareGPT and Alpaca
+#: traces) and method. Kwon et al., "Efficient Memory Management for Large Language Model
+#: Serving with PagedAttention", SOSP 2023, §6.3 and Fig. 15, measured serving OPT-13B:
+#: "6.1% - 9.8% memory saving on parallel sampling and 37.6% - 55.2% on beam search [Alpaca].
+#: In the same experiments with the ShareGPT dataset, we saw 16.2% - 30.5% memory saving on
+#: parallel sampling and 44.3% - 66.3% on beam search."
+PAPER_SAVING = {
+    "ShareGPT-like": {"parallel sampling": (16.2, 30.5), "beam search": (44.3, 66.3)},
+    "Alpaca-like": {"parallel sampling": (6.1, 9.8), "beam search": (37.6, 55.2)},
+}
+PAPER_COLUMN = "paper % (OPT-13B, n/width 2-6)"
 
 
 def dataset(name: str, n: int, seed: int = 0, max_len: int = 2048) -> Requests:
@@ -69,12 +78,14 @@ def _measure(m: KVCacheManager, result: SavingResult) -> None:
 
 
 def parallel_sampling_saving(requests: Requests, n: int, block_size: int = 16,
-                             seed: int = 0) -> SavingResult:
-    """Saving of ``n`` samples per prompt; sample outputs drawn from ``requests.output``."""
+                             seed: int = 0, *, same_length: bool = False) -> SavingResult:
+    """Saving of ``n`` samples per prompt. Each sample's output length is drawn from
+    ``requests.output`` independently (samples finish at different steps), or, with
+    ``same_length``, every sample decodes the request's own output length."""
     rng = np.random.default_rng(seed)
     result = SavingResult(0, 0, 0)
-    for p in requests.prompt.tolist():
-        outputs = rng.choice(requests.output, size=n).tolist()
+    for p, o in zip(requests.prompt.tolist(), requests.output.tolist(), strict=True):
+        outputs = [o] * n if same_length else rng.choice(requests.output, size=n).tolist()
         m = KVCacheManager(blocks_needed(p + max(outputs), block_size) * n, block_size)
         m.add_sequence(0, p)
         for i in range(1, n):
@@ -109,6 +120,20 @@ def beam_search_saving(requests: Requests, width: int, block_size: int = 16,
     return result
 
 
+def beams_common_ancestor_steps(width: int, trials: int = 2000, seed: int = 0) -> float:
+    """In :func:`beam_search_saving`'s model (each new beam picks its parent uniformly at
+    random among the ``width`` beams), how many steps back all current beams first share one
+    ancestor, averaged over ``trials`` (the Wright-Fisher coalescent: ``2 (width - 1)``)."""
+    rng = np.random.default_rng(seed)
+    total = 0
+    for _ in range(trials):
+        lineages = width
+        while lineages > 1:  # one step back: each lineage's parent, distinct ones survive
+            lineages = len(set(rng.integers(0, width, size=lineages).tolist()))
+            total += 1
+    return total / trials
+
+
 def saving_table(num_requests: int = 100, block_size: int = 16, seed: int = 0,
                  sizes=(2, 4, 6), max_len: int = 2048) -> list[dict]:
     """One row per dataset x method x size: our saving (%) next to the paper's range.
@@ -121,12 +146,35 @@ def saving_table(num_requests: int = 100, block_size: int = 16, seed: int = 0,
                            ("beam search", beam_search_saving)):
             for k in sizes:
                 r = fn(reqs, k, block_size, seed=seed)
-                lo, hi = PAPER_SAVING[method]
                 rows.append({"dataset": name, "method": method, "n / width": k,
-                             "saving %": round(100 * r.saving, 1),
-                             "paper % (Alpaca, n/width 2-6)": f"{lo}-{hi}",
-                             "copies on write": r.copies})
-    return rows
+                             "saving %": round(100 * r.saving, 1), "copies on write": r.copies})
+    return with_paper(rows)
+
+
+def with_paper(rows: list[dict]) -> list[dict]:
+    """``rows`` of :func:`saving_table` (or read back from its JSON) with the paper's range
+    for each row's dataset and method (:data:`PAPER_SAVING`) and where ours falls: "below",
+    "within" or "above" it. Any paper column the rows already carry is replaced."""
+    out = []
+    for row in rows:
+        lo, hi = PAPER_SAVING[row["dataset"]][row["method"]]
+        ours = row["saving %"]
+        where = "below" if ours < lo else "above" if ours > hi else "within"
+        kept = {k: v for k, v in row.items() if not k.startswith("paper %") and k != "vs paper"}
+        out.append({**kept, PAPER_COLUMN: f"{lo}-{hi}", "vs paper": where})
+    return out
+
+
+def compare_with_paper(rows: list[dict]) -> dict[tuple[str, str], dict[str, list[int]]]:
+    """Per (dataset, method): the sizes (n / width) whose saving falls below, within and
+    above the paper's range, e.g. ``{("Alpaca-like", "beam search"): {"below": [],
+    "within": [2], "above": [4, 6]}}``."""
+    summary: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for row in with_paper(rows):
+        where = summary.setdefault((row["dataset"], row["method"]),
+                                   {"below": [], "within": [], "above": []})
+        where[row["vs paper"]].append(row["n / width"])
+    return summary
 
 
 @dataclass

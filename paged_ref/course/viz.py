@@ -605,7 +605,7 @@ class BlockTableExplorer:
 
         bundle = self.widget._repr_mimebundle_()
         bundle["image/png"] = self._png()
-        bundle["text/plain"] = f"BlockTableExplorer: {self.message}"
+        bundle["text/plain"] = f"{type(self).__name__}: {self.message}"
         display(bundle, raw=True)
 
     def _png(self) -> bytes:
@@ -1001,8 +1001,9 @@ class SharingExplorer(BlockTableExplorer):
         self.manager.fork(seq_id, child)
         self._next_id += 1
         self.copies = []
-        self.message = (f"forked req {seq_id} → req {child}: blocks "
-                        f"{self.manager.block_table(child)} shared, no K/V copied")
+        table = self.manager.block_table(child)
+        self.message = (f"forked req {seq_id} → req {child}: blocks {table} shared, no K/V "
+                        f"copied; holders now {[self.manager.ref_count(b) for b in table]}")
         self._refresh()
         return child
 
@@ -1047,11 +1048,17 @@ class SharingExplorer(BlockTableExplorer):
     def finish(self, seq_id: Hashable) -> bool:
         """Finish ``seq_id``: each block loses a holder; cached ones stay, evictable."""
         self.copies = []
-        done = super().finish(seq_id)
-        if done:
-            self.message += " (full prompt blocks stay cached until the pool needs them)"
+        if seq_id not in self.manager:
+            self.message = f"no request {seq_id!r}"
             self._refresh()
-        return done
+            return False
+        table = self.manager.block_table(seq_id)
+        self.manager.free_sequence(seq_id)
+        holders = [self.manager.ref_count(b) for b in table]
+        self.message = (f"finished req {seq_id}: blocks {table} lost a holder (now {holders}); "
+                        f"full blocks nobody holds stay cached until the pool needs them")
+        self._refresh()
+        return True
 
     def figure(self) -> Figure:
         """Tables + pool (shared blocks, the last copy-on-write) above the prefix tree."""

@@ -18,6 +18,40 @@ def test_parallel_sampling_saving_is_the_shared_prompt_blocks():
     assert r.saving == pytest.approx(1 - 14 / 22)
 
 
+def test_parallel_samples_of_the_same_length():
+    reqs = Requests(prompt=np.array([8, 8]), output=np.array([4, 1]), max_len=64)
+    r = sharing_sim.parallel_sampling_saving(reqs, n=2, block_size=4, same_length=True)
+    # request 0 as above (14 held, 22 unshared); request 1: one step, 2 held, 2 * 2 unshared
+    assert (r.held, r.unshared, r.copies) == (14 + 2, 22 + 4, 0)
+
+
+def test_paper_savings_are_per_dataset():
+    """The paper's §6.3 ranges: Alpaca 6.1-9.8 / 37.6-55.2, ShareGPT 16.2-30.5 / 44.3-66.3."""
+    paper = sharing_sim.PAPER_SAVING
+    assert set(paper) == set(sharing_sim.DATASETS)
+    assert paper["Alpaca-like"] == {"parallel sampling": (6.1, 9.8), "beam search": (37.6, 55.2)}
+    assert paper["ShareGPT-like"] == {"parallel sampling": (16.2, 30.5),
+                                      "beam search": (44.3, 66.3)}
+    stale = {"dataset": "ShareGPT-like", "method": "parallel sampling", "n / width": 2,
+             "saving %": 7.7, "paper % (Alpaca, n/width 2-6)": "6.1-9.8"}  # an old JSON row
+    rows = [stale, dict(stale, **{"n / width": 4, "saving %": 18.8}),
+            dict(stale, method="beam search", **{"n / width": 6, "saving %": 79.7})]
+    shown = sharing_sim.with_paper(rows)
+    assert [r[sharing_sim.PAPER_COLUMN] for r in shown] == ["16.2-30.5", "16.2-30.5",
+                                                            "44.3-66.3"]
+    assert [r["vs paper"] for r in shown] == ["below", "within", "above"]
+    assert not any("Alpaca" in key for r in shown for key in r)
+    assert sharing_sim.compare_with_paper(rows) == {
+        ("ShareGPT-like", "parallel sampling"): {"below": [2], "within": [4], "above": []},
+        ("ShareGPT-like", "beam search"): {"below": [], "within": [], "above": [6]}}
+
+
+def test_random_beams_share_an_ancestor_about_2_width_steps_back():
+    assert sharing_sim.beams_common_ancestor_steps(1) == 0
+    assert sharing_sim.beams_common_ancestor_steps(2, trials=4000) == pytest.approx(2, rel=0.1)
+    assert sharing_sim.beams_common_ancestor_steps(6, trials=2000) == pytest.approx(10, rel=0.1)
+
+
 def test_beam_search_shares_more_than_parallel_sampling():
     reqs = sharing_sim.dataset("Alpaca-like", 4, seed=0)
     beam = sharing_sim.beam_search_saving(reqs, 4)

@@ -57,9 +57,10 @@ def test_sharing_explorer_actions_without_a_display():
     ex = viz.SharingExplorer(num_blocks=12, block_size=4, system_prompt_len=8)
     assert ex.ask(3) == 0 and "0 found in the prefix cache" in ex.message
     assert ex.ask(2) == 1 and "8 found in the prefix cache" in ex.message
-    assert ex.fork(0) == 2 and "shared, no K/V copied" in ex.message
+    assert ex.fork(0) == 2 and "shared, no K/V copied; holders now [3, 3, 2]" in ex.message
     assert ex.add_token(2) and "copy-on-write [(2," in ex.message
     assert ex.step() and ex.finish(1) and "stay cached" in ex.message
+    assert "lost a holder (now [2, 2, 0])" in ex.message and not ex.finish(1)
     assert ex.fork(99) is None and ex.message == "no request 99"
     assert not ex.add_tokens(0, 1000) and ex.message.startswith("OUT OF BLOCKS")
     fig = ex.figure()
