@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from paged_ref import _device
 from paged_ref.quant import QuantizedKV, check_quantized_pair
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -144,13 +145,24 @@ class Lengths:
 def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
     """Lengths and used table entries; returns the longest and total length.
 
-    Reads values back from the device once (one sync). Tables up to ``HOST_CHECK_MAX_ENTRIES``
-    entries go to the host in one copy and are checked there with NumPy (a few microseconds;
-    a dozen tiny torch ops cost ten times that); larger ones are reduced on the device to one
-    small tensor. Either way the checks see the tensors' logical values (any strides).
+    Reads values back from the device once (one sync). On a GPU one Triton kernel
+    (:mod:`paged_ref.kernels.triton_checks`) reduces them to four numbers per 16 sequences.
+    Otherwise tables up to ``HOST_CHECK_MAX_ENTRIES`` entries go to the host in one copy and are
+    checked there with NumPy (a dozen tiny torch ops cost ten times that); larger ones are
+    reduced with torch ops to one small tensor. Either way the checks see the tensors' logical
+    values (any strides); a failed check then looks up the offending entry for its message.
     """
     if shapes.batch == 0:
         return Lengths(0, 0)
+    if seq_lens.is_cuda and _device.HAS_TRITON and not _device.INTERPRET:  # one kernel
+        from paged_ref.kernels.triton_checks import length_stats
+
+        shortest, longest, total, num_bad = length_stats(block_tables, seq_lens,
+                                                         shapes.block_size, shapes.num_blocks)
+        if shortest >= 0 and longest <= shapes.max_blocks_per_seq * shapes.block_size \
+                and num_bad == 0:
+            return Lengths(longest, total)
+        # else a check failed: the paths below find the offending entry for the message
     if block_tables.numel() <= HOST_CHECK_MAX_ENTRIES:
         if seq_lens.is_cuda:  # one copy to the host for both tensors
             packed = torch.cat([seq_lens, block_tables.flatten()]).cpu().numpy()

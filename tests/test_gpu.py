@@ -192,3 +192,21 @@ def test_gpu_unplanned_call_is_right_for_odd_layouts():
     lens = torch.stack([inp.seq_lens, inp.seq_lens * 0 + 10**6], 1).flatten()[::2]
     out = paged_ref.paged_attention(q, inp.k_cache, inp.v_cache, inp.block_tables, lens)
     assert_close(out, inp.reference())
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_gpu_value_check_kernel_counts_what_numpy_counts(strided):
+    from paged_ref.kernels.triton_checks import length_stats
+    from tests.kernels.test_triton_checks import CASES, numpy_stats, random_case
+
+    for seed, batch, width in CASES:
+        table, lens, bs, nb = random_case(seed, batch, width, strided=strided)
+        got = length_stats(table.cuda(), lens.cuda(), bs, nb)
+        assert got == numpy_stats(table, lens, bs, nb), (seed, batch, width)
+
+
+def test_gpu_unplanned_call_still_names_a_bad_entry():
+    inp = make_paged_inputs([40, 300], dtype=torch.bfloat16, device="cuda", **GPU_SHAPE)
+    inp.block_tables[1, 2] = 10**6
+    with pytest.raises(ValueError, match=r"block_tables\[1, 2\] = 1000000"):
+        paged_ref.paged_attention(*inp.args())

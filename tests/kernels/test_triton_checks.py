@@ -1,0 +1,72 @@
+"""paged_ref.kernels.triton_checks: the unplanned call's value checks as one kernel, against
+the same checks done in NumPy (in the interpreter here; tests/test_gpu.py runs it compiled)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from paged_ref.kernels import triton_checks
+
+
+def numpy_stats(table, lens, block_size, num_blocks):
+    table, lens = table.numpy().astype(np.int64), lens.numpy().astype(np.int64)
+    used = np.arange(table.shape[1])[None, :] * block_size < lens[:, None]
+    bad = used & ((table < 0) | (table >= num_blocks))
+    return int(lens.min()), int(lens.max()), int(lens.sum()), int(bad.sum())
+
+
+def random_case(seed, batch, width, block_size=4, num_blocks=50, strided=False):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(-2, width * block_size + 3, (batch,), generator=gen, dtype=torch.int32)
+    table = torch.randint(-3, num_blocks + 3, (batch, width), generator=gen, dtype=torch.int32)
+    table[:, ::5] = 2**31 - 1  # huge ids, as garbage in unused entries often is
+    if strided:  # a transposed view and every other length: the kernel takes strides
+        table = table.t().contiguous().t()
+        lens = torch.stack([lens, lens]).t().flatten()[::2]
+    return table, lens, block_size, num_blocks
+
+
+CASES = [(0, 1, 1), (1, 3, 7), (2, 16, 128), (3, 17, 129), (4, 40, 300), (5, 5, 0)]
+
+
+@pytest.mark.parametrize("seed, batch, width", CASES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_kernel_counts_what_numpy_counts(seed, batch, width, strided):
+    args = random_case(seed, batch, width, strided=strided)
+    assert triton_checks.length_stats(*args) == numpy_stats(*args)
+
+
+def test_an_entry_just_past_the_last_used_block_is_not_checked():
+    """Length 8 with blocks of 4 uses entries 0 and 1: garbage in entry 2 is fine, in 1 not."""
+    table = torch.tensor([[0, 1, -7]], dtype=torch.int32)
+    lens = torch.tensor([8], dtype=torch.int32)
+    assert triton_checks.length_stats(table, lens, 4, 2)[3] == 0
+    lens[0] = 9  # now entry 2 is used
+    assert triton_checks.length_stats(table, lens, 4, 2)[3] == 1
+
+
+MUTATIONS = [
+    ("used mask off by one at a block edge", "first_token[None, :] < lens[:, None]",
+     "first_token[None, :] <= lens[:, None]"),
+    ("negative ids not bad", "(ids < 0) | (ids >= num_blocks)", "(ids >= num_blocks)"),
+    ("padded rows counted in the minimum", "tl.where(r_mask, lens, big)", "lens"),
+]
+
+
+@pytest.mark.parametrize("desc, old, new", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_planted_mistakes_are_caught(desc, old, new, tmp_path):
+    source = open(triton_checks.__file__).read()
+    assert source.count(old) == 1, desc
+    path = tmp_path / "mutant_checks.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("mutant_checks", path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    cases = [random_case(seed, b, w) for seed, b, w in CASES]
+    cases.append((torch.tensor([[0, 1, -7]], dtype=torch.int32),
+                  torch.tensor([8], dtype=torch.int32), 4, 2))
+    assert any(mutant.length_stats(*c) != numpy_stats(*c) for c in cases), desc
