@@ -94,9 +94,7 @@ def pack_blocks(cache: PagedKVCache, block_ids: Sequence[int],
         out = torch.empty(shape, dtype=cache.dtype, device=cache.device)
     elif tuple(out.shape) != shape or out.dtype != cache.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape}")
-    for layer in range(cache.num_layers):
-        torch.index_select(cache.k_caches[layer], 0, idx, out=out[layer, 0])
-        torch.index_select(cache.v_caches[layer], 0, idx, out=out[layer, 1])
+    _pack_layers(cache, idx, 0, out)
     return out
 
 
@@ -109,9 +107,22 @@ def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.T
             f"packed must be {cache.dtype} of shape {shape}, got {packed.dtype} "
             f"{tuple(packed.shape)}"
         )
-    for layer in range(cache.num_layers):
-        cache.k_caches[layer].index_copy_(0, idx, packed[layer, 0])
-        cache.v_caches[layer].index_copy_(0, idx, packed[layer, 1])
+    _unpack_layers(cache, idx, 0, packed)
+
+
+def _pack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int, out: torch.Tensor) -> None:
+    """Gather blocks ``idx`` of layers ``layer0 .. layer0 + len(out) - 1`` into ``out``."""
+    for i in range(out.shape[0]):
+        torch.index_select(cache.k_caches[layer0 + i], 0, idx, out=out[i, 0])
+        torch.index_select(cache.v_caches[layer0 + i], 0, idx, out=out[i, 1])
+
+
+def _unpack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int,
+                   packed: torch.Tensor) -> None:
+    """The inverse of :func:`_pack_layers`: scatter ``packed`` into blocks ``idx``."""
+    for i in range(packed.shape[0]):
+        cache.k_caches[layer0 + i].index_copy_(0, idx, packed[i, 0])
+        cache.v_caches[layer0 + i].index_copy_(0, idx, packed[i, 1])
 
 
 def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str,
@@ -133,6 +144,57 @@ def _sync(cache: PagedKVCache) -> None:
         torch.cuda.synchronize(cache.device)
 
 
+# The handshake. The receiver answers a header with two numbers: (1, n) yes -- n is what the
+# sender needs to know (for a prefix: the leading tokens already cached) -- or (0, why) no.
+_NO_ROOM, _OTHER_SHAPE = 1, 2
+
+
+def _answer(cache: PagedKVCache, src: int, group, yes: bool, number: int) -> None:
+    dist.send(torch.tensor([int(yes), number], dtype=torch.int64, device=cache.device), src,
+              group=group)
+
+
+def _await_answer(cache: PagedKVCache, dst: int, group, what: str) -> int:
+    """The receiver's answer: its number on a yes; on a no, ``ValueError`` with the reason."""
+    answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
+    dist.recv(answer, dst, group=group)
+    yes, number = (int(x) for x in answer.tolist())
+    if not yes:
+        reason = "its pool's shape differs" if number == _OTHER_SHAPE else "it has no free blocks"
+        raise ValueError(f"rank {dst} refused {what}: {reason}")
+    return number
+
+
+def _recv_header(cache: PagedKVCache, src: int, group) -> tuple[int, int, str, int, list[int]]:
+    """``(num_tokens, num_blocks, mode, layers per chunk, the sender's pool shape)``."""
+    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
+    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
+    return num_tokens, num_blocks, MODES[mode_code], per_chunk, shape
+
+
+def _refuse_other_shape(cache: PagedKVCache, shape: list[int], src: int, group) -> None:
+    """Say no (and raise ``ValueError``) when the sender's pool shape differs from this one's."""
+    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
+            _DTYPES.index(cache.dtype)]
+    if shape != mine:
+        _answer(cache, src, group, False, _OTHER_SHAPE)
+        raise ValueError(
+            f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
+            f"differs from this pool's {mine}"
+        )
+
+
+def _add_or_refuse(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, src: int,
+                   group, *args, **kwargs) -> int:
+    """``manager.add_sequence(seq_id, ...)``; when it has no room, say no, then re-raise."""
+    try:
+        return manager.add_sequence(seq_id, *args, **kwargs)
+    except OutOfBlocksError:
+        _answer(cache, src, group, False, _NO_ROOM)
+        raise
+
+
 #: Packed mode sends consecutive layers in chunks of about this many bytes, two in flight.
 CHUNK_BYTES = 256 << 20
 
@@ -146,31 +208,36 @@ def layers_per_chunk(cache: PagedKVCache, num_blocks: int, mode: str) -> int:
     return max(1, min(cache.num_layers, CHUNK_BYTES // max(1, per_layer)))
 
 
-def _pack_layers(cache, idx, layer0, layer1, out):
-    for i, layer in enumerate(range(layer0, layer1)):
-        torch.index_select(cache.k_caches[layer], 0, idx, out=out[i, 0])
-        torch.index_select(cache.v_caches[layer], 0, idx, out=out[i, 1])
+def _per_block(cache: PagedKVCache, table, op, peer: int, group) -> None:
+    """Per-block mode: one message per (layer, K/V, block), straight from the cache (each
+    block of each layer's K and V is contiguous: no copy). ``op``: ``dist.send`` or
+    ``dist.recv``."""
+    for layer in range(cache.num_layers):
+        for block in table:
+            op(cache.k_caches[layer][block], peer, group=group)
+            op(cache.v_caches[layer][block], peer, group=group)
+
+
+def _staging(cache: PagedKVCache, num_blocks: int, per_chunk: int) -> list[torch.Tensor]:
+    """Two buffers of ``per_chunk`` layers of the payload: one fills while the other travels."""
+    shape = (per_chunk,) + payload_shape(cache, num_blocks)[1:]
+    return [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
 
 
 def _send_payload(cache, table, mode, dst, group, per_chunk):
     """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
     asynchronously, so the gather of the next chunk overlaps the send of this one."""
-    if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
-        for layer in range(cache.num_layers):
-            for block in table:
-                dist.send(cache.k_caches[layer][block], dst, group=group)
-                dist.send(cache.v_caches[layer][block], dst, group=group)
+    if mode == "per_block":
+        _per_block(cache, table, dist.send, dst, group)
         return
     idx = _block_index(cache, table)
-    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
-    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    staging = _staging(cache, len(table), per_chunk)
     in_flight = [None, None]
     for i, layer0 in enumerate(range(0, cache.num_layers, per_chunk)):
-        layer1 = min(layer0 + per_chunk, cache.num_layers)
         if in_flight[i % 2] is not None:
             in_flight[i % 2].wait()  # this buffer's previous send has read it
-        buf = staging[i % 2][: layer1 - layer0]
-        _pack_layers(cache, idx, layer0, layer1, buf)
+        buf = staging[i % 2][: min(per_chunk, cache.num_layers - layer0)]
+        _pack_layers(cache, idx, layer0, buf)
         in_flight[i % 2] = dist.isend(buf, dst, group=group)
     for work in in_flight:
         if work is not None:
@@ -181,19 +248,14 @@ def _recv_payload(cache, table, mode, src, group, per_chunk):
     """The mirror of :func:`_send_payload`: the next chunk's receive is posted before this
     chunk is scattered into its blocks."""
     if mode == "per_block":
-        for layer in range(cache.num_layers):
-            for block in table:
-                dist.recv(cache.k_caches[layer][block], src, group=group)
-                dist.recv(cache.v_caches[layer][block], src, group=group)
+        _per_block(cache, table, dist.recv, src, group)
         return
     idx = _block_index(cache, table)
-    shape = (per_chunk,) + payload_shape(cache, len(table))[1:]
-    staging = [torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in range(2)]
+    staging = _staging(cache, len(table), per_chunk)
     starts = list(range(0, cache.num_layers, per_chunk))
 
     def post(i):
-        layer0 = starts[i]
-        buf = staging[i % 2][: min(per_chunk, cache.num_layers - layer0)]
+        buf = staging[i % 2][: min(per_chunk, cache.num_layers - starts[i])]
         return buf, dist.irecv(buf, src, group=group)
 
     pending = post(0)
@@ -202,9 +264,7 @@ def _recv_payload(cache, table, mode, src, group, per_chunk):
         if i + 1 < len(starts):
             pending = post(i + 1)
         work.wait()
-        for j in range(buf.shape[0]):
-            cache.k_caches[layer0 + j].index_copy_(0, idx, buf[j, 0])
-            cache.v_caches[layer0 + j].index_copy_(0, idx, buf[j, 1])
+        _unpack_layers(cache, idx, layer0, buf)
 
 
 def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, *, dst: int,
@@ -222,11 +282,7 @@ def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     start = time.perf_counter()
     per_chunk = layers_per_chunk(cache, len(table), mode)
     dist.send(_header(cache, num_tokens, len(table), mode, per_chunk), dst, group=group)
-    answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
-    dist.recv(answer, dst, group=group)
-    if int(answer[0]) != 1:
-        reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no free blocks"
-        raise ValueError(f"rank {dst} refused sequence {seq_id!r}: {reason}")
+    _await_answer(cache, dst, group, f"sequence {seq_id!r}")
     _send_payload(cache, table, mode, dst, group, per_chunk)
     _sync(cache)
     seconds = time.perf_counter() - start
@@ -242,31 +298,14 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     ``OutOfBlocksError`` (after telling the sender) when the pool has no room, ``ValueError``
     when the pools' shapes differ; in both cases nothing is held or written.
     """
-    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
-    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode, per_chunk, shape = _recv_header(cache, src, group)
     start = time.perf_counter()
-    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
-    mode = MODES[mode_code]
-    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
-    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
-            _DTYPES.index(cache.dtype)]
-    if shape != mine:
-        answer[:] = torch.tensor([0, 2])
-        dist.send(answer, src, group=group)
-        raise ValueError(
-            f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
-            f"differs from this pool's {mine}"
-        )
-    try:
-        manager.add_sequence(seq_id, num_tokens)
-    except OutOfBlocksError:
-        answer[:] = torch.tensor([0, 1])
-        dist.send(answer, src, group=group)
-        raise
+    _refuse_other_shape(cache, shape, src, group)
+    _add_or_refuse(cache, manager, seq_id, src, group, num_tokens)
     table = manager.block_table(seq_id)
     if len(table) != num_blocks:  # same block_size on both sides, so this cannot differ
         raise AssertionError(f"expected {num_blocks} blocks, the manager gave {len(table)}")
-    dist.send(answer, src, group=group)
+    _answer(cache, src, group, True, 0)
     _recv_payload(cache, table, mode, src, group, per_chunk)
     _sync(cache)
     seconds = time.perf_counter() - start
@@ -307,12 +346,7 @@ def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequenc
         dist.send(_header(cache, full + 1, len(table), mode, per_chunk), dst, group=group)
         dist.send(torch.tensor(ids[: full + 1], dtype=torch.int64, device=cache.device), dst,
                   group=group)
-        answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
-        dist.recv(answer, dst, group=group)
-        if int(answer[0]) != 1:
-            reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no room"
-            raise ValueError(f"rank {dst} refused the prefix: {reason}")
-        have = int(answer[1]) // bs  # leading blocks the receiver has already
+        have = _await_answer(cache, dst, group, "the prefix") // bs  # blocks it has already
         table = table[have:]
         if table:
             _send_payload(cache, table, mode, dst, group,
@@ -336,30 +370,15 @@ def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
     """
     if not manager.enable_prefix_caching:
         raise ValueError("recv_prefix needs a KVCacheManager with enable_prefix_caching=True")
-    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
-    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode, per_chunk, shape = _recv_header(cache, src, group)
     start = time.perf_counter()
-    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
     ids = torch.empty(num_tokens, dtype=torch.int64, device=cache.device)
     dist.recv(ids, src, group=group)
-    mode = MODES[mode_code]
-    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
-    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
-            _DTYPES.index(cache.dtype)]
-    if shape != mine:
-        answer[:] = torch.tensor([0, 2])
-        dist.send(answer, src, group=group)
-        raise ValueError(f"rank {src}'s pool {shape} differs from this pool's {mine}")
+    _refuse_other_shape(cache, shape, src, group)
     seq = ("transfer", id(ids))
+    have = _add_or_refuse(cache, manager, seq, src, group, token_ids=ids.tolist())
     try:
-        have = manager.add_sequence(seq, token_ids=ids.tolist())
-    except OutOfBlocksError:
-        answer[:] = torch.tensor([0, 1])
-        dist.send(answer, src, group=group)
-        raise
-    try:
-        answer[1] = have
-        dist.send(answer, src, group=group)
+        _answer(cache, src, group, True, have)
         bs = manager.block_size
         table = manager.block_table(seq)[have // bs : num_blocks]
         if table:
