@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from paged_ref import bench as entry
-from paged_ref.course import bench, bench_common
+from paged_ref.course import bench_common
 from paged_ref.course.timing import wall_ms
 
 
@@ -82,9 +82,15 @@ def test_entry_point_refuses_unknown_suites(capsys):
     assert "unknown suite 'nope'" in capsys.readouterr().err
 
 
-def test_decode_refuses_without_a_gpu_and_lists_the_bytes(capsys):
+@pytest.mark.parametrize("suite, argv, expected", [
+    ("decode", ["--cases", "B4_L2048"], ["B4_L2048", "33.6 MB"]),
+    ("prefill", ["--cases", "P8_L2048"], ["P8_L2048", "FLOP/byte"]),
+    ("quant", ["--cases", "B4_L2048"], ["int4_g128", "x fewer than bf16"]),
+])
+def test_suites_refuse_without_a_gpu_and_say_what_they_would_measure(suite, argv, expected,
+                                                                       capsys):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the benchmark runs")
-    assert bench.main(["--cases", "B4_L2048"]) == 2
+    assert entry.main(["--suite", suite, *argv]) == 2
     out = capsys.readouterr().out
-    assert "No CUDA GPU" in out and "B4_L2048" in out and "33.6 MB" in out
+    assert all(text in out for text in ["No CUDA GPU", *expected]), out
