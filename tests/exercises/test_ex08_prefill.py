@@ -20,7 +20,7 @@ from paged_ref import _device
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_prefill_inputs
 from paged_ref.prefill import paged_prefill_reference
-from tests.conftest import load_exercise, unsolved_exercise
+from tests.conftest import load_exercise, run_kernel
 from tests.mutations.mutate import load_mutant
 
 DEVICE = _device.triton_device()
@@ -32,19 +32,6 @@ needs_triton = pytest.mark.skipif(not _device.HAS_TRITON, reason="triton is not 
 @pytest.fixture
 def ex(request):
     return load_exercise(request.config, NAME)
-
-
-def run_kernel(fn, *args, **kwargs):
-    """Call ``fn``; a stub's NotImplementedError wrapped by Triton comes back out unwrapped."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        todo = unsolved_exercise(e)
-        if todo:
-            raise NotImplementedError(todo) from None
-        raise
 
 
 # ---- Exercise 8.1: causal_offset_mask -----------------------------------------------------------
