@@ -18,7 +18,6 @@ from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.storage import PagedKVCache
-from paged_ref import transfer  # noqa: E402, F401  (moving blocks between pools, lesson 11)
 
 __all__ = [
     "BACKENDS",
@@ -38,3 +37,13 @@ __all__ = [
     "write_kv",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``paged_ref.transfer`` (moving blocks between pools, lesson 11) is imported on first use:
+    it needs ``torch.distributed``, which plain attention and memory management do not."""
+    if name == "transfer":
+        import importlib
+
+        return importlib.import_module("paged_ref.transfer")
+    raise AttributeError(f"module 'paged_ref' has no attribute {name!r}")

@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench = importlib.import_module(module)
     except ModuleNotFoundError:
-        print(f"unknown suite {suite!r} (no module {module})", file=sys.stderr)
+        bench = None
+    if not hasattr(bench, "main"):  # (bench_common is what the suites share, not a suite)
+        print(f"unknown suite {suite!r} (no module {module} with a main)", file=sys.stderr)
         return 2
     return bench.main(argv)
 

@@ -74,10 +74,13 @@ def dtype_bytes(dtype) -> int:
 
 
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
-    """Bytes one token's K and V take over all layers: ``2 * layers * heads * dim * bytes``.
+    """Bytes one token's K and V take over all layers:
+    ``2 * layers * heads * bytes per token-head``, the last ``head_dim * dtype_bytes(dtype)``.
 
-    ``dtype`` as for :func:`dtype_bytes`. Llama-3-8B in bf16: ``2 * 32 * 8 * 128 * 2 = 131072``
-    bytes (128 KiB) per token. ``ValueError`` naming the argument for a count below 1.
+    ``dtype`` as for :func:`dtype_bytes`, or a quantised format (a :class:`~paged_ref.KVFormat`:
+    anything with ``bytes_per_token_head(head_dim)``, codes plus per-token scales; a per-tensor
+    scale is not counted). Llama-3-8B in bf16: ``2 * 32 * 8 * 128 * 2 = 131072`` bytes (128 KiB)
+    per token. ``ValueError`` naming the argument for a count below 1.
     """
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                         ("head_dim", head_dim)):
@@ -85,7 +88,11 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dty
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes(dtype)
+    if hasattr(dtype, "bytes_per_token_head"):
+        per_head = dtype.bytes_per_token_head(head_dim)
+    else:
+        per_head = head_dim * dtype_bytes(dtype)
+    return int(2 * num_layers * num_kv_heads * per_head)
 
 
 def split_chunks(max_len: int, num_chunks: int, multiple: int) -> tuple[int, int]:

@@ -32,7 +32,7 @@ import torch
 
 from paged_ref import _device
 from paged_ref.cache_math import default_scale, token_slots
-from paged_ref.reference import gather_kv
+from paged_ref.reference import float64_slots, gather_kv
 from paged_ref.validation import HOST_CHECK_MAX_ENTRIES, _tensor, check_shapes, check_values
 
 PREFILL_BACKENDS = ("auto", "torch", "triton")
@@ -163,9 +163,7 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, query_s
     total, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
     scale = default_scale(head_dim, scale)
-    k_flat = k_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
-    q64 = q.detach().to("cpu", torch.float64)
+    q64, k_flat, v_flat = float64_slots(q, k_cache, v_cache)
     out = torch.zeros(total, num_q_heads, head_dim, dtype=torch.float64)
     starts = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):

@@ -21,6 +21,18 @@ from paged_ref.cache_math import cdiv, default_scale, slot_of, token_slots  # no
 from paged_ref.quant import QuantizedKV
 
 
+def float64_slots(q, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the float64 references compute with: ``q`` and the caches, in float64 on the CPU,
+    the caches flattened to one row per slot (``[num_blocks * block_size, Hkv, D]``, so that
+    ``k[slot]`` is a token's K)."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+
+    def slots(cache):
+        return cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
+
+    return q.detach().to("cpu", torch.float64), slots(k_cache), slots(v_cache)
+
+
 def paged_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -44,9 +56,7 @@ def paged_attention_reference(
     batch, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
     scale = default_scale(head_dim, scale)
-    k_flat = k_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
-    q64 = q.detach().to("cpu", torch.float64)
+    q64, k_flat, v_flat = float64_slots(q, k_cache, v_cache)
     out = torch.zeros(batch, num_q_heads, head_dim, dtype=torch.float64)
     for b in range(batch):
         n = int(seq_lens[b])

@@ -108,14 +108,11 @@ class PagedKVCache:
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers, K and V:
         ``2 * num_layers * num_kv_heads * head_dim * element_size``.
-        Quantised: ``2 * num_layers * num_kv_heads * kv_format.bytes_per_token_head``
-        (codes and per-token scales; a per-tensor scale is not counted)."""
-        if self.kv_format is not None:
-            per_head = self.kv_format.bytes_per_token_head(self.head_dim)
-            return int(2 * self.num_layers * self.num_kv_heads * per_head)
+        Quantised: codes and per-token scales (:func:`~paged_ref.cache_math.kv_bytes_per_token`
+        of the ``kv_format``)."""
+        stored_as = self.k_caches[0].element_size() if self.kv_format is None else self.kv_format
         return kv_bytes_per_token(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
-                                  head_dim=self.head_dim,
-                                  dtype=self.k_caches[0].element_size())
+                                  head_dim=self.head_dim, dtype=stored_as)
 
     @property
     def nbytes(self) -> int:

@@ -104,9 +104,7 @@ def pack_blocks(cache: PagedKVCache, block_ids: Sequence[int],
         out = torch.empty(shape, dtype=cache.dtype, device=cache.device)
     elif tuple(out.shape) != shape or out.dtype != cache.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape}")
-    for layer in range(cache.num_layers):
-        torch.index_select(cache.k_caches[layer], 0, idx, out=out[layer, 0])
-        torch.index_select(cache.v_caches[layer], 0, idx, out=out[layer, 1])
+    _pack_layers(cache, idx, 0, out)
     return out
 
 
@@ -119,9 +117,22 @@ def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.T
             f"packed must be {cache.dtype} of shape {shape}, got {packed.dtype} "
             f"{tuple(packed.shape)}"
         )
-    for layer in range(cache.num_layers):
-        cache.k_caches[layer].index_copy_(0, idx, packed[layer, 0])
-        cache.v_caches[layer].index_copy_(0, idx, packed[layer, 1])
+    _unpack_layers(cache, idx, 0, packed)
+
+
+def _pack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int, out: torch.Tensor) -> None:
+    """Gather blocks ``idx`` of layers ``layer0 .. layer0 + len(out) - 1`` into ``out``."""
+    for i in range(out.shape[0]):
+        torch.index_select(cache.k_caches[layer0 + i], 0, idx, out=out[i, 0])
+        torch.index_select(cache.v_caches[layer0 + i], 0, idx, out=out[i, 1])
+
+
+def _unpack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int,
+                   packed: torch.Tensor) -> None:
+    """The inverse of :func:`_pack_layers`: scatter ``packed`` into blocks ``idx``."""
+    for i in range(packed.shape[0]):
+        cache.k_caches[layer0 + i].index_copy_(0, idx, packed[i, 0])
+        cache.v_caches[layer0 + i].index_copy_(0, idx, packed[i, 1])
 
 
 def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str,
@@ -147,6 +158,58 @@ def _check_plain(cache: PagedKVCache) -> None:
 def _sync(cache: PagedKVCache) -> None:
     if cache.device.type == "cuda":
         torch.cuda.synchronize(cache.device)
+
+
+# The handshake. The receiver answers a header with two numbers: (1, n) yes -- n is what the
+# sender needs to know (for a prefix: the leading tokens already cached) -- or (0, why) no.
+_NO_ROOM, _OTHER_SHAPE = 1, 2
+
+
+def _answer(cache: PagedKVCache, src: int, group, yes: bool, number: int) -> None:
+    dist.send(torch.tensor([int(yes), number], dtype=torch.int64, device=cache.device), src,
+              group=group)
+
+
+def _await_answer(cache: PagedKVCache, dst: int, group, what: str) -> int:
+    """The receiver's answer: its number on a yes; on a no, ``ValueError`` with the reason."""
+    answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
+    dist.recv(answer, dst, group=group)
+    yes, number = (int(x) for x in answer.tolist())
+    if not yes:
+        reason = "its pool's shape differs" if number == _OTHER_SHAPE else "it has no free blocks"
+        raise ValueError(f"rank {dst} refused {what}: {reason}")
+    return number
+
+
+def _recv_header(cache: PagedKVCache, src: int, group) -> tuple[int, int, str, int, list[int]]:
+    """``(num_tokens, num_blocks, mode, layers per chunk, the sender's pool shape)``."""
+    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
+    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
+    return num_tokens, num_blocks, MODES[mode_code], per_chunk, shape
+
+
+def _refuse_other_shape(cache: PagedKVCache, shape: list[int], src: int, group) -> None:
+    """Say no (and raise ``ValueError``) when the sender's pool shape differs from this one's."""
+    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
+            _DTYPES.index(cache.dtype)]
+    if shape != mine or cache.kv is None:
+        _answer(cache, src, group, False, _OTHER_SHAPE)
+        _check_plain(cache)
+        raise ValueError(
+            f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
+            f"differs from this pool's {mine}"
+        )
+
+
+def _add_or_refuse(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable, src: int,
+                   group, *args, **kwargs) -> int:
+    """``manager.add_sequence(seq_id, ...)``; when it has no room, say no, then re-raise."""
+    try:
+        return manager.add_sequence(seq_id, *args, **kwargs)
+    except OutOfBlocksError:
+        _answer(cache, src, group, False, _NO_ROOM)
+        raise
 
 
 #: Packed mode sends the layers in about this many messages (two in flight), each at least
@@ -221,16 +284,23 @@ def _message(buffer, cache, num_layers, num_blocks):
     return buffer[: math.prod(shape)].view(shape)
 
 
+def _per_block(cache: PagedKVCache, table, op, peer: int, group) -> None:
+    """Per-block mode: one message per (layer, K/V, block), straight from the cache (each
+    block of each layer's K and V is contiguous: no copy). ``op``: ``dist.send`` or
+    ``dist.recv``."""
+    for layer in range(cache.num_layers):
+        for block in table:
+            op(cache.k_caches[layer][block], peer, group=group)
+            op(cache.v_caches[layer][block], peer, group=group)
+
+
 def _send_payload(cache, table, mode, dst, group, per_chunk, idx=None):
     """Packed and per-layer: gather layers [l0, l1) into one of two staging buffers and send it
     asynchronously, so the gather of the next chunk overlaps the send of this one. The gather is
     one indexed copy of whole blocks from the pool's one tensor (:func:`_pool_rows`).
     ``idx``: ``table`` as a device tensor, if the caller made it already."""
-    if mode == "per_block":  # each block of each layer's K and V is contiguous: no copy
-        for layer in range(cache.num_layers):
-            for block in table:
-                dist.send(cache.k_caches[layer][block], dst, group=group)
-                dist.send(cache.v_caches[layer][block], dst, group=group)
+    if mode == "per_block":
+        _per_block(cache, table, dist.send, dst, group)
         return
     idx = _block_index(cache, table) if idx is None else idx
     rows = _block_rows(cache, idx)
@@ -252,10 +322,7 @@ def _recv_payload(cache, table, mode, src, group, per_chunk, idx=None):
     """The mirror of :func:`_send_payload`: the next chunk's receive is posted before this
     chunk is scattered into its blocks (one indexed copy into ``cache.kv``)."""
     if mode == "per_block":
-        for layer in range(cache.num_layers):
-            for block in table:
-                dist.recv(cache.k_caches[layer][block], src, group=group)
-                dist.recv(cache.v_caches[layer][block], src, group=group)
+        _per_block(cache, table, dist.recv, src, group)
         return
     idx = _block_index(cache, table) if idx is None else idx
     rows = _block_rows(cache, idx)
@@ -296,11 +363,7 @@ def send_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     _sync(cache)
     start = time.perf_counter()
     dist.send(_header(cache, num_tokens, len(table), mode, per_chunk), dst, group=group)
-    answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
-    dist.recv(answer, dst, group=group)
-    if int(answer[0]) != 1:
-        reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no free blocks"
-        raise ValueError(f"rank {dst} refused sequence {seq_id!r}: {reason}")
+    _await_answer(cache, dst, group, f"sequence {seq_id!r}")
     _send_payload(cache, table, mode, dst, group, per_chunk, idx)
     _sync(cache)
     seconds = time.perf_counter() - start
@@ -316,33 +379,15 @@ def recv_sequence(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashable
     ``OutOfBlocksError`` (after telling the sender) when the pool has no room, ``ValueError``
     when the pools' shapes differ; in both cases nothing is held or written.
     """
-    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
-    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode, per_chunk, shape = _recv_header(cache, src, group)
     start = time.perf_counter()
-    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
-    mode = MODES[mode_code]
-    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
-    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
-            _DTYPES.index(cache.dtype)]
-    if shape != mine or cache.kv is None:
-        answer[:] = torch.tensor([0, 2])
-        dist.send(answer, src, group=group)
-        _check_plain(cache)
-        raise ValueError(
-            f"rank {src}'s pool (layers, block_size, kv_heads, head_dim, dtype#) = {shape} "
-            f"differs from this pool's {mine}"
-        )
-    try:
-        manager.add_sequence(seq_id, num_tokens)
-    except OutOfBlocksError:
-        answer[:] = torch.tensor([0, 1])
-        dist.send(answer, src, group=group)
-        raise
+    _refuse_other_shape(cache, shape, src, group)
+    _add_or_refuse(cache, manager, seq_id, src, group, num_tokens)
     table = manager.block_table(seq_id)
     if len(table) != num_blocks:  # same block_size on both sides, so this cannot differ
         raise AssertionError(f"expected {num_blocks} blocks, the manager gave {len(table)}")
     idx = _block_index(cache, table)  # before the answer: the sender starts sending on it
-    dist.send(answer, src, group=group)
+    _answer(cache, src, group, True, 0)
     _recv_payload(cache, table, mode, src, group, per_chunk, idx)
     _sync(cache)
     seconds = time.perf_counter() - start
@@ -384,12 +429,7 @@ def send_prefix(cache: PagedKVCache, manager: KVCacheManager, token_ids: Sequenc
         dist.send(_header(cache, full + 1, len(table), mode, per_chunk), dst, group=group)
         dist.send(torch.tensor(ids[: full + 1], dtype=torch.int64, device=cache.device), dst,
                   group=group)
-        answer = torch.zeros(2, dtype=torch.int64, device=cache.device)
-        dist.recv(answer, dst, group=group)
-        if int(answer[0]) != 1:
-            reason = "its pool's shape differs" if int(answer[1]) == 2 else "it has no room"
-            raise ValueError(f"rank {dst} refused the prefix: {reason}")
-        have = int(answer[1]) // bs  # leading blocks the receiver has already
+        have = _await_answer(cache, dst, group, "the prefix") // bs  # blocks it has already
         table = table[have:]
         if table:
             _send_payload(cache, table, mode, dst, group,
@@ -413,31 +453,15 @@ def recv_prefix(cache: PagedKVCache, manager: KVCacheManager, *, src: int,
     """
     if not manager.enable_prefix_caching:
         raise ValueError("recv_prefix needs a KVCacheManager with enable_prefix_caching=True")
-    header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=cache.device)
-    dist.recv(header, src, group=group)
+    num_tokens, num_blocks, mode, per_chunk, shape = _recv_header(cache, src, group)
     start = time.perf_counter()
-    num_tokens, num_blocks, mode_code, per_chunk, *shape = (int(x) for x in header.tolist())
     ids = torch.empty(num_tokens, dtype=torch.int64, device=cache.device)
     dist.recv(ids, src, group=group)
-    mode = MODES[mode_code]
-    answer = torch.tensor([1, 0], dtype=torch.int64, device=cache.device)
-    mine = [cache.num_layers, cache.block_size, cache.num_kv_heads, cache.head_dim,
-            _DTYPES.index(cache.dtype)]
-    if shape != mine or cache.kv is None:
-        answer[:] = torch.tensor([0, 2])
-        dist.send(answer, src, group=group)
-        _check_plain(cache)
-        raise ValueError(f"rank {src}'s pool {shape} differs from this pool's {mine}")
+    _refuse_other_shape(cache, shape, src, group)
     seq = ("transfer", id(ids))
+    have = _add_or_refuse(cache, manager, seq, src, group, token_ids=ids.tolist())
     try:
-        have = manager.add_sequence(seq, token_ids=ids.tolist())
-    except OutOfBlocksError:
-        answer[:] = torch.tensor([0, 1])
-        dist.send(answer, src, group=group)
-        raise
-    try:
-        answer[1] = have
-        dist.send(answer, src, group=group)
+        _answer(cache, src, group, True, have)
         bs = manager.block_size
         table = manager.block_table(seq)[have // bs : num_blocks]
         if table:

@@ -56,6 +56,24 @@ def test_default_scale_and_bytes():
     assert per_token == 131072
 
 
+@pytest.mark.parametrize("name, per_head", [("fp8", 128), ("fp8_token_head", 132),
+                                            ("int4", 64 + 2 * 4), ("int4_g128", 64 + 4)])
+def test_bytes_per_token_of_a_quantised_cache(name, per_head):
+    """Codes plus per-token scales, the one formula behind PagedKVCache.bytes_per_token and
+    the benchmark inputs' kv_bytes."""
+    from paged_ref import KVFormat, PagedKVCache
+    from paged_ref.course.testing import make_paged_inputs
+
+    fmt = KVFormat.parse(name)
+    per_token = cm.kv_bytes_per_token(num_layers=32, num_kv_heads=8, head_dim=128, dtype=fmt)
+    assert per_token == 2 * 32 * 8 * per_head
+    cache = PagedKVCache(2, 4, 16, 3, 128, dtype=torch.bfloat16, kv_format=name)
+    assert cache.bytes_per_token == 2 * 2 * 3 * per_head
+    inp = make_paged_inputs([21, 5], num_q_heads=6, num_kv_heads=3, head_dim=128, seed=4,
+                            dtype=torch.bfloat16).quantized(name)
+    assert inp.kv_bytes == 26 * 2 * 3 * per_head
+
+
 def test_bad_input_names_the_argument():
     with pytest.raises(TypeError, match="dtype"):
         cm.dtype_bytes(torch.int64)

@@ -4,6 +4,8 @@ implementation (what a serving engine imports) never imports course support."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,22 @@ def test_cache_math_imports_nothing():
 def test_reference_implementation_does_not_import_course_support(path):
     course = {m for m in imported_modules(path) if m.startswith("paged_ref.course")}
     assert not course, f"{path.name} imports {course}"
+
+
+def test_import_paged_ref_leaves_transfer_for_later():
+    """``import paged_ref`` loads neither ``paged_ref.transfer`` nor any part of
+    ``torch.distributed`` beyond what ``import torch`` itself loads; the first use of
+    ``paged_ref.transfer`` imports it."""
+    code = """if True:
+        import sys
+        import torch
+        before = set(sys.modules)
+        import paged_ref
+        new = sorted(m for m in set(sys.modules) - before
+                     if m.startswith(("torch.distributed", "paged_ref.transfer")))
+        assert not new, f"import paged_ref imported {new}"
+        assert paged_ref.transfer.MODES and "paged_ref.transfer" in sys.modules
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

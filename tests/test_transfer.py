@@ -62,10 +62,11 @@ def test_a_quantised_cache_is_refused_before_anything_is_sent():
         transfer.send_sequence(cache, m, "a", dst=1)
 
 
-def _refused(rank, world_size):
-    """Rank 1's pool is too small: both sides raise, and nothing is held on rank 1."""
-    cache = PagedKVCache(1, 4 if rank else 32, 4, 2, 8)
-    m = KVCacheManager(4 if rank else 32, 4)
+def _refused(rank, world_size, *, num_blocks, head_dim):
+    """Rank 0 sends a 30-token sequence; rank 1's pool has ``num_blocks`` blocks of ``head_dim``.
+    Reports what each side raised and how many sequences rank 1 holds afterwards."""
+    cache = PagedKVCache(1, num_blocks if rank else 32, 4, 2, head_dim if rank else 8)
+    m = KVCacheManager(num_blocks if rank else 32, 4)
     try:
         if rank == 0:
             m.add_sequence("big", 30)
@@ -77,10 +78,18 @@ def _refused(rank, world_size):
     return {"error": None}
 
 
-def test_two_processes_refuse_cleanly_when_the_receiver_has_no_room():
-    res = two_ranks.run_two_ranks(_refused, backend="gloo")
-    assert res[0]["error"] == "ValueError" and "no free blocks" in res[0]["message"]
-    assert res[1]["error"] == "OutOfBlocksError" and res[1]["held"] == 0
+@pytest.mark.parametrize("num_blocks, head_dim, sender_says, receiver_raises", [
+    (4, 8, "refused sequence 'big': it has no free blocks", ("OutOfBlocksError", "")),
+    (32, 16, "refused sequence 'big': its pool's shape differs",
+     ("ValueError", "differs from this pool's")),
+], ids=["no room", "other shape"])
+def test_two_processes_refuse_cleanly(num_blocks, head_dim, sender_says, receiver_raises):
+    """Both sides raise, and nothing is held on the receiver."""
+    res = two_ranks.run_two_ranks(_refused, backend="gloo", num_blocks=num_blocks,
+                                  head_dim=head_dim)
+    assert res[0]["error"] == "ValueError" and sender_says in res[0]["message"]
+    assert (res[1]["error"], res[1]["held"]) == (receiver_raises[0], 0)
+    assert receiver_raises[1] in res[1]["message"]
 
 
 def test_decode_after_transfer_equals_single_process():

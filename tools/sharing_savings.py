@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 
 from paged_ref.course import sharing_sim
+from paged_ref.course.results import write_result
 
 
 def main(argv=None) -> int:
@@ -43,9 +43,7 @@ def main(argv=None) -> int:
               "block_size": 16, "datasets": sharing_sim.DATASETS,
               "paper_saving_pct": sharing_sim.PAPER_SAVING,
               "savings": savings, "system_prompt": system_runs}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {write_result(result, args.out)}")
     return 0
 
 

@@ -28,17 +28,16 @@ bandwidth. It still lists the cases and the bytes each must move.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import itertools
-import json
-import platform
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from paged_ref.cache_math import cdiv, kv_bytes_per_token, split_chunks, tokens_in_block
+from paged_ref.cache_math import kv_bytes_per_token, split_chunks
+from paged_ref.course.bench_common import check_then_time, flashinfer_page_table, suite_parser
+from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PagedInputs, make_paged_inputs, ragged_lengths
 from paged_ref.course.timing import (
     capture_graph,
@@ -46,8 +45,7 @@ from paged_ref.course.timing import (
     cpu_us_per_call,
     gbps,
     graph_ms,
-    time_ms,
-    warm_up_gpu,
+    matmul_tflops,
 )
 from paged_ref.reference import paged_attention_torch
 
@@ -183,16 +181,9 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
         import flashinfer
     except ImportError:
         return {}
-    batch, num_q_heads, head_dim = inp.q.shape
+    _, num_q_heads, head_dim = inp.q.shape
     _, block_size, num_kv_heads, _ = inp.k_cache.shape
-    lens = inp.seq_lens.tolist()
-    pages = cdiv(inp.seq_lens.long(), block_size)
-    indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
-    indptr[1:] = torch.cumsum(pages, 0)
-    cols = torch.arange(inp.block_tables.shape[1], device="cuda")
-    indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
-    last = torch.tensor([tokens_in_block(n, cdiv(n, block_size) - 1, block_size) for n in lens],
-                        dtype=torch.int32, device="cuda")  # tokens in each last page
+    indptr, indices, last = flashinfer_page_table(inp.block_tables, inp.seq_lens, block_size)
     runners = {}
     for tc in (False, True):
         workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -209,27 +200,6 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
 # --------------------------------------------------------------------------- driver
 
 
-def environment() -> dict:
-    import triton
-
-    fi = None
-    try:
-        import flashinfer
-
-        fi = flashinfer.__version__
-    except ImportError:
-        pass
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "flashinfer": fi,
-        "python": platform.python_version(),
-        "date": dt.date.today().isoformat(),
-    }
-
-
 def run_case(name, lens, backends, configs, chunk_counts, copy_bw, seed=0):
     from paged_ref.course.checks import relative_error
 
@@ -243,43 +213,17 @@ def run_case(name, lens, backends, configs, chunk_counts, copy_bw, seed=0):
     if "flashinfer" in backends:
         runners.update(flashinfer_runners(inp))
     nbytes = bytes_moved(inp)
-    checked = {}  # label -> relative error; compile and check everything before any timing
-    for label, (_, _, fn) in runners.items():
-        try:
-            out = fn()
-            torch.cuda.synchronize()
-        except Exception as exc:  # e.g. a swept config that needs more shared memory than exists
-            print(f"{name} {label}: skipped ({type(exc).__name__}: {str(exc)[:120]})")
-            continue
-        checked[label] = relative_error(out, ref)
-    # Two timing passes after a warm-up: an idle GPU starts at low clocks, and small cases
-    # never load it enough to ramp them up. Each row keeps the better median of the two.
-    warm_up_gpu()
-    passes = [{label: time_ms(runners[label][2]) for label in checked} for _ in range(2)]
     rows = []
-    for label, err in checked.items():
-        backend, info, fn = runners[label]
-        ms = min(p[label] for p in passes)
-        rate = gbps(nbytes, ms)
-        extra = {"ms_passes": [p[label] for p in passes]}
-        if not info.get("sweep") and not info.get("graph"):
-            extra |= {"ms_graph": graph_ms(fn), "cpu_us": cpu_us_per_call(fn)}
-        rows.append({"case": name, "backend": backend, "label": label, "ms": ms, "gbps": rate,
-                     "pct_copy_bw": 100 * rate / copy_bw, "rel_err": err, "bytes": nbytes,
-                     **extra, **info})
+    for m in check_then_time(name, runners, partial(relative_error, expected=ref), passes=2):
+        rate = gbps(nbytes, m.ms)
+        extra = {"ms_passes": m.ms_passes}
+        if not m.info.get("sweep") and not m.info.get("graph"):
+            extra |= {"ms_graph": graph_ms(m.fn), "cpu_us": cpu_us_per_call(m.fn)}
+        rows.append(m.row(name, gbps=rate, pct_copy_bw=100 * rate / copy_bw, bytes=nbytes,
+                          **extra))
     del inp, ref, runners
     torch.cuda.empty_cache()
     return rows
-
-
-def matmul_tflops(n: int = 8192) -> float:
-    """Dense bf16 matmul rate, TFLOP/s (``2 n^3`` FLOPs over the median time): the compute
-    ceiling of the roofline."""
-    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    warm_up_gpu()
-    ms = time_ms(lambda: a @ b)
-    return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
 def host_breakdown(name: str, lens: list[int]) -> dict:
@@ -313,20 +257,18 @@ def page_size_sweep(name: str, block_sizes: list[int], copy_bw: float) -> list[d
                            num_kv_heads=SHAPE["num_kv_heads"], head_dim=SHAPE["head_dim"],
                            block_size=block_size, dtype=inp.q.dtype, device="cuda")
         out = torch.empty_like(inp.q)
-        runners = {"auto_planned": lambda p=plan, i=inp, o=out: paged_attention(
-            *i.args(), plan=p, out=o)}
+        runners = {"auto_planned": ("auto_planned", {}, lambda p=plan, i=inp, o=out:
+                                    paged_attention(*i.args(), plan=p, out=o))}
         fi = flashinfer_runners(inp)
         if fi:
-            runners["flashinfer"] = fi["flashinfer[tc=False]"][2]
+            runners["flashinfer"] = ("flashinfer", {}, fi["flashinfer[tc=False]"][2])
         nbytes = bytes_moved(inp)
-        for backend, fn in runners.items():
-            err = relative_error(fn(), ref)
-            ms = min(time_ms(fn) for _ in range(2))
-            gbps = nbytes / (ms * 1e-3) / 1e9
-            rows.append({"case": name, "block_size": block_size, "backend": backend, "ms": ms,
-                         "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err})
-            print(f"page size {block_size:4d} {backend:14s} {ms:.4f} ms "
-                  f"{100 * gbps / copy_bw:5.1f} % copy bw, rel err {err:.1e}")
+        for m in check_then_time(name, runners, partial(relative_error, expected=ref)):
+            rate = gbps(nbytes, m.ms)
+            rows.append(m.row(name, block_size=block_size, gbps=rate,
+                              pct_copy_bw=100 * rate / copy_bw))
+            print(f"page size {block_size:4d} {m.backend:14s} {m.ms:.4f} ms "
+                  f"{100 * rate / copy_bw:5.1f} % copy bw, rel err {m.error:.1e}")
         del inp, ref, runners, fi
         torch.cuda.empty_cache()
     return rows
@@ -371,34 +313,21 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(CASES),
-                   help="comma-separated, from: " + ", ".join(CASES))
-    p.add_argument("--backends", default=",".join(OURS + PEERS),
-                   help="comma-separated, from: " + ", ".join(OURS + PEERS))
+    p = suite_parser("decode", __doc__, out="bench.json", cases=CASES, backends=OURS + PEERS)
     p.add_argument("--sweep-configs", action="store_true",
                    help="time the Triton kernels over a grid of tile / warps / stages")
     p.add_argument("--sweep-chunks", default="",
                    help="comma-separated chunk counts to time triton_split with (lesson 05)")
-    p.add_argument("--page-sweep", default="",
+    p.add_argument("--page-sweep", default="", choices=CASES, metavar="CASE",
                    help="also time auto_planned and FlashInfer on this case at each of "
                         "--page-sizes block sizes; writes page_size.json beside --out")
     p.add_argument("--page-sizes", default="1,2,4,8,16,32,64,128,256")
-    p.add_argument("--out", default="bench.json", help="JSON path (the plot goes beside it)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c]
-    backends = [b for b in args.backends.split(",") if b]
-    unknown = [c for c in cases if c not in CASES] + [b for b in backends if b not in OURS + PEERS]
-    if args.page_sweep and args.page_sweep not in CASES:
-        unknown.append(args.page_sweep)
-    if unknown:
-        print(f"unknown case or backend: {unknown}", file=sys.stderr)
-        return 2
+    cases, backends = args.cases, args.backends
     if not torch.cuda.is_available():
         print("No CUDA GPU here, so no bandwidth numbers: timings on a CPU or in Triton's "
               "interpreter say nothing about how a kernel uses GPU memory bandwidth.\n"
@@ -423,12 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = copy_bandwidth_gbps()
     print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s "
           f"(torch {env['torch']}, triton {env['triton']}, flashinfer {env['flashinfer']})")
-    rows = []
-    for name in tqdm(cases, desc="cases", file=sys.stderr):
-        rows += run_case(name, CASES[name], backends, configs, chunk_counts, copy_bw)
-    rows = best_per_backend(rows)
     result = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
-              "results": rows}
+              "results": []}
+    for name in tqdm(cases, desc="cases", file=sys.stderr):
+        result["results"] += run_case(name, CASES[name], backends, configs, chunk_counts,
+                                      copy_bw)
+        write_result(result, args.out)  # partial results survive a time-out
+    rows = best_per_backend(result["results"])
     print_table(rows)
     result["matmul_bf16_tflops"] = matmul_tflops()
     print(f"dense bf16 matmul: {result['matmul_bf16_tflops']:.0f} TFLOP/s")
@@ -437,17 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in result["host_us"]:
         print("host us per step:", {k: round(v, 1) if isinstance(v, float) else v
                                     for k, v in r.items()})
-    out = Path(args.out)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_result(result, args.out)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     if args.page_sweep:
         sizes = [int(b) for b in args.page_sizes.split(",") if b]
         sweep = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
                  "results": page_size_sweep(args.page_sweep, sizes, copy_bw)}
-        page_json = out.with_name("page_size.json")
-        page_json.write_text(json.dumps(sweep, indent=1))
-        print(f"wrote {page_json}")
+        print(f"wrote {write_result(sweep, out.with_name('page_size.json'))}")
     return 0
 
 

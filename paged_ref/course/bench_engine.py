@@ -22,14 +22,14 @@ Writes ``engine.json`` (+ ``engine.png``) to ``--out``. On a CPU it says so and 
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
 from paged_ref.cache_math import blocks_needed, kv_bytes_per_token
+from paged_ref.course.bench_common import name_list, suite_parser, sync
+from paged_ref.course.results import environment, write_result
 
 SHAPES = {
     # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, rope theta
@@ -43,6 +43,8 @@ SHAPES = {
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                          vocab_size=49152, rope_theta=100000.0),
 }
+#: What runs the workload: this repo's engine, then transformers' two ways.
+SYSTEMS = ("engine", "static_generate", "generate_batch")
 
 
 def build_model(shape: str, dtype=torch.bfloat16, device="cuda", seed: int = 0,
@@ -78,12 +80,6 @@ def workload(n: int, vocab: int, seed: int = 0, prompt_mean: float = 161,
     prompts = [torch.randint(3, vocab, (int(p),), generator=gen).tolist() for p in req.prompt]
     outputs = [int(o) for o in req.output] if output_mean else None
     return prompts, outputs
-
-
-def sync() -> None:
-    """Wait for the GPU (no-op on a CPU, where these functions also run for tests)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def weight_bytes(model) -> int:
@@ -164,7 +160,7 @@ def run_generate_batch(model, prompts, max_new: int):
 
 def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) -> dict:
     """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline."""
-    from paged_ref.course.bench import time_ms
+    from paged_ref.course.timing import time_ms
     from paged_ref.engine.runner import StepInputs
 
     runner, bs, pool = engine.runner, engine.block_size, engine.num_blocks
@@ -227,8 +223,7 @@ def plot(result: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
     shapes = [r for r in result["throughput"]]
-    systems = ["engine", "static_generate", "generate_batch"]
-    for j, sysname in enumerate(systems):
+    for j, sysname in enumerate(SYSTEMS):
         vals = [r.get(sysname, {}).get("output_tok_s") or 0 for r in shapes]
         axes[0].bar([i + 0.27 * (j - 1) for i in range(len(shapes))], vals, width=0.27,
                     label=sysname)
@@ -252,14 +247,14 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench --suite engine",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("."))
+    p = suite_parser("engine", __doc__, out=".", out_help="folder for engine.json and engine.png")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--static-batch", type=int, default=64)
-    p.add_argument("--shapes", default="llama-3.2-1b-like,smollm2-135m")
-    p.add_argument("--systems", default="engine,static_generate,generate_batch")
+    p.add_argument("--shapes", type=name_list(SHAPES, "shape"),
+                   default="llama-3.2-1b-like,smollm2-135m", help="from: " + ", ".join(SHAPES))
+    p.add_argument("--systems", type=name_list(SYSTEMS, "system"), default=",".join(SYSTEMS),
+                   help="from: " + ", ".join(SYSTEMS))
     p.add_argument("--budgets", default="4096,8192,16384,32768")
     p.add_argument("--sweep-requests", type=int, default=128)
     args = p.parse_args(argv)
@@ -267,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU here: the engine benchmark runs on a GPU (committed results: "
               "benchmarks/h200/engine.json)")
         return 0
-    from paged_ref.course.bench import copy_bandwidth_gbps, environment
+    from paged_ref.course.timing import copy_bandwidth_gbps
 
     args.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(), "num_requests": args.num_requests,
@@ -279,12 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         result["transformers"] = transformers.__version__
     except ImportError:
         pass
-    systems = args.systems.split(",")
 
     def save():
-        (args.out / "engine.json").write_text(json.dumps(result, indent=1))
+        write_result(result, args.out / "engine.json")
 
-    for shape in args.shapes.split(","):
+    for shape in args.shapes:
         model = build_model(shape)
         prompts, _ = workload(args.num_requests, model.config.vocab_size, seed=0)
         longest = max(len(p) for p in prompts) + args.output_len
@@ -292,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {"shape": shape, "mean_prompt": sum(map(len, prompts)) / len(prompts),
                "kv_budget_tokens": num_blocks * 16}
         result["throughput"].append(row)
-        for name in systems:
+        for name in args.systems:
             try:
                 if name == "engine":
                     engine, row[name] = run_engine(model, prompts, args.output_len, num_blocks)

@@ -21,16 +21,17 @@ On a machine without a CUDA GPU it refuses and lists the cases with their FLOPs 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from paged_ref.cache_math import attention_flops
-from paged_ref.course.bench import SHAPE, environment, time_ms, warm_up_gpu
+from paged_ref.cache_math import attention_flops, dtype_bytes, kv_bytes_per_token
+from paged_ref.course.bench import SHAPE
+from paged_ref.course.bench_common import check_then_time, flashinfer_page_table, suite_parser
+from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PrefillInputs, make_prefill_inputs
+from paged_ref.course.timing import gbps, matmul_tflops, time_ms
 
 #: name -> [(seq_len, q_len), ...]: q_len new tokens at the end of a sequence of seq_len.
 CASES: dict[str, list[tuple[int, int]]] = {
@@ -54,16 +55,10 @@ def case_flops(pairs: list[tuple[int, int]]) -> int:
 
 def case_bytes(pairs: list[tuple[int, int]]) -> int:
     """K and V of every cached token read once, plus q and the output (bf16)."""
-    per_token_kv = 2 * SHAPE["num_kv_heads"] * SHAPE["head_dim"] * 2
-    per_row_q = 2 * SHAPE["num_q_heads"] * SHAPE["head_dim"] * 2
+    per_token_kv = kv_bytes_per_token(num_layers=1, num_kv_heads=SHAPE["num_kv_heads"],
+                                      head_dim=SHAPE["head_dim"], dtype=SHAPE["dtype"])
+    per_row_q = 2 * SHAPE["num_q_heads"] * SHAPE["head_dim"] * dtype_bytes(SHAPE["dtype"])
     return sum(s * per_token_kv + q * per_row_q for s, q in pairs)
-
-
-def matmul_tflops(n: int = 8192) -> float:
-    a = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
-    warm_up_gpu()
-    return 2 * n**3 / (time_ms(lambda: a @ b) * 1e-3) / 1e12
 
 
 def build(pairs, seed=0) -> PrefillInputs:
@@ -127,13 +122,7 @@ def flashinfer_runner(inp: PrefillInputs) -> dict:
     except ImportError:
         return {}
     _, block_size, num_kv_heads, head_dim = inp.k_cache.shape
-    lens = inp.seq_lens.long()
-    pages = (lens + block_size - 1) // block_size
-    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32, device=DEVICE)
-    indptr[1:] = torch.cumsum(pages, 0)
-    cols = torch.arange(inp.block_tables.shape[1], device=DEVICE)
-    indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
-    last = (lens - (pages - 1) * block_size).to(torch.int32)
+    indptr, indices, last = flashinfer_page_table(inp.block_tables, inp.seq_lens, block_size)
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
     wrapper.plan(inp.query_start_loc, indptr, indices, last, inp.q.shape[1], num_kv_heads,
@@ -191,31 +180,17 @@ def run_case(name, pairs, backends, configs, peak):
         except Exception as exc:
             print(f"{name} sdpa: skipped ({type(exc).__name__}: {str(exc)[:100]})")
     flops, nbytes = case_flops(pairs), case_bytes(pairs)
-    checked = {}
-    for label, (_, _, fn) in runners.items():
-        try:
-            out = fn()
-            torch.cuda.synchronize()
-        except Exception as exc:
-            print(f"{name} {label}: skipped ({type(exc).__name__}: {str(exc)[:160]})")
-            continue
-        checked[label] = relative_error(out[idx], ref)
-    warm_up_gpu()
     rows = []
-    for label, err in checked.items():
-        backend, info, fn = runners[label]
-        ms = time_ms(fn)
-        tflops = flops / (ms * 1e-3) / 1e12
-        rows.append({"case": name, "backend": backend, "label": label, "ms": ms,
-                     "tflops": tflops, "pct_peak_tflops": 100 * tflops / peak,
-                     "gbps": nbytes / (ms * 1e-3) / 1e9, "rel_err": err, "flops": flops,
-                     "bytes": nbytes, **info})
-        print(f"{name:28s} {label:26s} {ms:8.3f} ms {tflops:6.1f} TFLOP/s "
-              f"({100 * tflops / peak:4.1f}% of matmul) err {err:.1e}", flush=True)
+    for m in check_then_time(name, runners, lambda out: relative_error(out[idx], ref), passes=1):
+        tflops = flops / (m.ms * 1e-3) / 1e12
+        rows.append(m.row(name, tflops=tflops, pct_peak_tflops=100 * tflops / peak,
+                          gbps=gbps(nbytes, m.ms), flops=flops, bytes=nbytes))
+        print(f"{name:28s} {m.label:26s} {m.ms:8.3f} ms {tflops:6.1f} TFLOP/s "
+              f"({100 * tflops / peak:4.1f}% of matmul) err {m.error:.1e}", flush=True)
     for row in rows:  # the fastest label of each backend (e.g. SDPA with GQA or repeated K/V)
         row["best"] = row is max((r for r in rows if r["backend"] == row["backend"]
                                   and not r.get("sweep")), key=lambda r: r["tflops"])
-    del inp, ref, runners
+    del inp, runners
     torch.cuda.empty_cache()
     return rows
 
@@ -240,7 +215,7 @@ def write_path_rows(num_tokens: int = 16384) -> list[dict]:
         ok = torch.equal(k_cache.view(-1, hkv, d)[slots.long()], k)
         ms = time_ms(lambda f=fn: f(k, v, k_cache, v_cache, slots))
         rows.append({"case": f"write_{num_tokens}_tokens", "backend": backend, "label": backend,
-                     "ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9, "bytes": nbytes,
+                     "ms": ms, "gbps": gbps(nbytes, ms), "bytes": nbytes,
                      "rel_err": 0.0 if ok else 1.0, "kind": "write"})
         print(f"write {num_tokens} tokens {backend:14s} {ms:.4f} ms "
               f"{rows[-1]['gbps']:.0f} GB/s ok={ok}", flush=True)
@@ -276,7 +251,7 @@ def decode_rows(batch: int = 64, seq_len: int = 4096) -> list[dict]:
         err = relative_error(fn(), ref)
         ms = time_ms(fn)
         rows.append({"case": f"decode_B{batch}_L{seq_len}", "backend": label, "label": label,
-                     "ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9, "bytes": nbytes,
+                     "ms": ms, "gbps": gbps(nbytes, ms), "bytes": nbytes,
                      "rel_err": err, "kind": "decode"})
         print(f"decode B{batch} L{seq_len} {label:16s} {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s "
               f"err {err:.1e}", flush=True)
@@ -343,28 +318,17 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench --suite prefill",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(CASES),
-                   help="comma-separated, from: " + ", ".join(CASES))
-    p.add_argument("--backends", default=",".join(OURS + PEERS),
-                   help="comma-separated, from: " + ", ".join(OURS + PEERS))
+    p = suite_parser("prefill", __doc__, out="prefill.json", cases=CASES, backends=OURS + PEERS)
     p.add_argument("--sweep-configs", action="store_true",
                    help="also time the Triton kernel over a grid of tile shapes")
     p.add_argument("--no-extras", action="store_true",
                    help="skip the write-path and decode comparisons")
-    p.add_argument("--out", default="prefill.json", help="JSON path (the plot goes beside it)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c]
-    backends = [b for b in args.backends.split(",") if b]
-    unknown = [c for c in cases if c not in CASES] + [b for b in backends if b not in OURS + PEERS]
-    if unknown:
-        print(f"unknown case or backend: {unknown}", file=sys.stderr)
-        return 2
+    cases = args.cases
     if not torch.cuda.is_available():
         print("No CUDA GPU here, so no TFLOP/s: timings on a CPU or in Triton's interpreter say "
               "nothing about tensor cores.\nCommitted GPU results are in benchmarks/. The cases, "
@@ -379,18 +343,17 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = [PrefillConfig(*c) for c in SWEEP] if args.sweep_configs else []
     env = environment()
-    peak = matmul_tflops()
+    peak = matmul_tflops(device=DEVICE)
     print(f"{env['gpu']}: dense bf16 matmul {peak:.0f} TFLOP/s (torch {env['torch']}, "
           f"triton {env['triton']}, flashinfer {env['flashinfer']})", flush=True)
     result = {**env, "matmul_tflops": peak, "shape": {**SHAPE, "dtype": "bfloat16"},
               "cases": {n: CASES[n] for n in cases}, "results": []}
-    out = Path(args.out)
     for name in cases:
-        result["results"] += run_case(name, CASES[name], backends, configs, peak)
-        out.write_text(json.dumps(result, indent=1))  # partial results survive a time-out
+        result["results"] += run_case(name, CASES[name], args.backends, configs, peak)
+        write_result(result, args.out)  # partial results survive a time-out
     if not args.no_extras:
         result["results"] += write_path_rows() + decode_rows()
-    out.write_text(json.dumps(result, indent=1))
+    out = write_result(result, args.out)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

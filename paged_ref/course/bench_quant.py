@@ -15,23 +15,22 @@ better of two passes after a warm-up). Refuses on a machine without a CUDA GPU.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import (
-    CASES,
-    SHAPE,
-    bytes_moved,
-    copy_bandwidth_gbps,
-    environment,
-    time_ms,
-    warm_up_gpu,
+from paged_ref.course.bench import CASES, SHAPE, bytes_moved
+from paged_ref.course.bench_common import (
+    check_then_time,
+    flashinfer_page_table,
+    name_list,
+    suite_parser,
 )
+from paged_ref.course.checks import relative_error
+from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PagedInputs, make_paged_inputs
+from paged_ref.course.timing import copy_bandwidth_gbps, gbps
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize
 
 FORMATS = ("bf16", "fp8", "fp8_token_head", "int4", "int4_g128")
@@ -88,15 +87,9 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
             return {}  # FlashInfer reads per-tensor-scaled fp8, not these formats
         scales = {"k_scale": float(k.scale), "v_scale": float(v.scale)}
         k, v = k.data, v.data
-    batch, num_q_heads, head_dim = inp.q.shape
+    _, num_q_heads, head_dim = inp.q.shape
     _, block_size, num_kv_heads, _ = k.shape
-    lens = inp.seq_lens.long()
-    pages = (lens + block_size - 1) // block_size
-    indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
-    indptr[1:] = torch.cumsum(pages, 0)
-    cols = torch.arange(inp.block_tables.shape[1], device="cuda")
-    indices = inp.block_tables[cols[None, :] < pages[:, None]].to(torch.int32).contiguous()
-    last = (lens - (pages - 1) * block_size).to(torch.int32)
+    indptr, indices, last = flashinfer_page_table(inp.block_tables, inp.seq_lens, block_size)
     # Tensor cores on (FlashInfer's faster decode on the H200, bench.json); off only if that
     # fails for this cache type. (Each kernel family JIT-compiles on first use.)
     for tc in (True, False):
@@ -119,8 +112,6 @@ def flashinfer_runners(inp: PagedInputs) -> dict:
 def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, configs=()):
     """Rows for one case: ``who`` is ``"ours"`` (every format), ``"sweep"`` (ours at each of
     ``configs``) or ``"flashinfer"`` (the formats FlashInfer reads: bf16, fp8)."""
-    from paged_ref.course.checks import relative_error
-
     plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
     ref_bf16 = float64_reference(plain)
     rows = []
@@ -131,27 +122,17 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
         ref = ref_bf16 if fmt == "bf16" else float64_reference(inp)
         runners = (flashinfer_runners(inp) if who == "flashinfer"
                    else our_runners(inp, configs if who == "sweep" else ()))
-        checked = {}
-        for label, (_, _, fn) in runners.items():
-            try:
-                out = fn()
-                torch.cuda.synchronize()
-            except Exception as exc:
-                print(f"{name} {fmt} {label}: skipped ({type(exc).__name__}: {str(exc)[:160]})")
-                continue
-            checked[label] = (relative_error(out, ref), relative_error(out, ref_bf16))
-        warm_up_gpu()
-        passes = [{label: time_ms(runners[label][2]) for label in checked} for _ in range(2)]
         nbytes = bytes_moved(inp)
-        for label, (err, err_bf16) in checked.items():
-            backend, info, _ = runners[label]
-            ms = min(p[label] for p in passes)
-            gbps = nbytes / (ms * 1e-3) / 1e9
-            rows.append({"case": name, "backend": backend, "kv_format": fmt,
-                         "label": f"{label}[{fmt}]", "ms": ms, "gbps": gbps,
-                         "pct_copy_bw": 100 * gbps / copy_bw, "rel_err": err,
-                         "rel_err_vs_bf16": err_bf16, "bytes": nbytes,
-                         "ms_passes": [p[label] for p in passes], **info})
+
+        def errors(out, ref=ref):  # vs this format's own answer, and vs the bf16 cache's
+            return relative_error(out, ref), relative_error(out, ref_bf16)
+
+        for m in check_then_time(f"{name} {fmt}", runners, errors, passes=2):
+            err, err_bf16 = m.error
+            rate = gbps(nbytes, m.ms)
+            rows.append(m.row(name, kv_format=fmt, label=f"{m.label}[{fmt}]", gbps=rate,
+                              pct_copy_bw=100 * rate / copy_bw, rel_err=err,
+                              rel_err_vs_bf16=err_bf16, bytes=nbytes, ms_passes=m.ms_passes))
         del inp, ref, runners
         torch.cuda.empty_cache()
     return rows
@@ -222,27 +203,18 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench --suite quant",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
-    p.add_argument("--formats", default=",".join(FORMATS), help="from: " + ", ".join(FORMATS))
-    p.add_argument("--flashinfer-formats", default="fp8",
-                   help="formats to time FlashInfer on (bf16 and/or fp8; '' for none)")
-    p.add_argument("--flashinfer-cases", default=",".join(CASES),
+    p = suite_parser("quant", __doc__, out="quant.json", cases=CASES)
+    p.add_argument("--formats", type=name_list(FORMATS, "format"), default=",".join(FORMATS),
+                   help="from: " + ", ".join(FORMATS))
+    p.add_argument("--flashinfer-formats", type=name_list(("bf16", "fp8"), "format"),
+                   default="fp8", help="formats to time FlashInfer on (bf16 and/or fp8; '' for "
+                                       "none)")
+    p.add_argument("--flashinfer-cases", type=name_list(CASES, "case"), default=",".join(CASES),
                    help="cases to time FlashInfer on, after all of ours ('' for none)")
-    p.add_argument("--sweep-configs", default="",
+    p.add_argument("--sweep-configs", default="", choices=CASES, metavar="CASE",
                    help="case to time the one-pass kernel on over a few tile/warps/stages, last")
-    p.add_argument("--out", default="quant.json", help="JSON path (the plot goes beside it)")
     args = p.parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c]
-    formats = [f for f in args.formats.split(",") if f]
-    fi_cases = [c for c in args.flashinfer_cases.split(",") if c]
-    sweep = [args.sweep_configs] if args.sweep_configs else []
-    bad = [c for c in cases + fi_cases + sweep if c not in CASES] + [
-        f for f in formats if f not in FORMATS]
-    if bad:
-        print(f"unknown case or format: {bad}", file=sys.stderr)
-        return 2
+    formats = args.formats
     if not torch.cuda.is_available():
         print("No CUDA GPU here: no timings (see benchmarks/h200/quant.json). Bytes per "
               "token-head (head_dim 128), codes + scales:")
@@ -256,27 +228,25 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = copy_bandwidth_gbps()
     print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s (torch {env['torch']}, "
           f"triton {env['triton']}, flashinfer {env['flashinfer']})")
-    out = Path(args.out)
     rows = []
     # Ours first, then FlashInfer (its first use of a kernel family JIT-compiles for a minute);
     # the JSON is rewritten after every case, so a run cut short keeps what it measured.
     from paged_ref.kernels.triton_decode import KernelConfig
 
-    fi_formats = [f for f in args.flashinfer_formats.split(",") if f]
     configs = [KernelConfig(t, w, st) for t, w, st in ((64, 4, 3), (128, 4, 3), (64, 8, 3),
                                                       (128, 8, 3), (64, 4, 4), (32, 4, 4))]
-    work = [(c, "ours", formats) for c in cases] + [(c, "flashinfer", fi_formats)
-                                                    for c in fi_cases]
+    work = [(c, "ours", formats) for c in args.cases] + [
+        (c, "flashinfer", args.flashinfer_formats) for c in args.flashinfer_cases]
     if args.sweep_configs:
         work.append((args.sweep_configs, "sweep", formats))
     for name, who, fmts in tqdm(work, desc="cases", file=sys.stderr):
         rows += run_case(name, CASES[name], fmts, who, copy_bw, configs)
         result = {**env, "copy_bw_gbps": copy_bw, "shape": {**SHAPE, "dtype": "bfloat16"},
                   "large_cases": list(LARGE_CASES), "results": mark_best(rows)}
-        out.write_text(json.dumps(result, indent=1))
+        write_result(result, args.out)
     print_table(rows)
-    plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    plot(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 
 

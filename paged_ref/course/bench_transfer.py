@@ -20,15 +20,15 @@ machine with fewer than two GPUs it says so and exits with status 2.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from paged_ref.course.bench_common import suite_parser
+from paged_ref.course.results import environment, write_result
 
 #: The 8B-like model's KV shape.
 SHAPE = dict(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16)
@@ -174,20 +174,17 @@ def recompute_ms(prompts, reps: int = 3) -> dict[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paged_ref.bench --suite transfer",
-                                description=__doc__.split("\n")[0])
+    p = suite_parser("transfer", __doc__, out="transfer.json", out_help="JSON path")
     p.add_argument("--prompts", default=",".join(map(str, PROMPTS)))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-recompute", action="store_true")
     p.add_argument("--sweep-chunk-mib", default="",
                    help="comma-separated packed message sizes (MiB) to time too, prompts >= 8k")
-    p.add_argument("--out", default="transfer.json")
     args = p.parse_args(argv)
     if torch.cuda.device_count() < 2:
         print("This suite needs two CUDA GPUs (it moves KV blocks between them); lesson 11 "
               "shows the committed results from benchmarks/h200x2/.")
         return 2
-    from paged_ref.course.bench import environment
     from paged_ref.course.two_ranks import run_two_ranks
 
     prompts = [int(x) for x in args.prompts.split(",") if x]
@@ -212,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = (f"{r['gbps']:7.1f} GB/s {r['pct_p2p_copy_bw']:5.1f} % of copy"
                  if "gbps" in r else "")
         print(f"{r['case']:8s} {r['backend']:22s} {r['ms']:9.3f} ms {extra}")
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result(result, args.out)
     print(f"NCCL send/recv {res['nccl_gbps']:.0f} GB/s; wrote {args.out}")
     return 0
 

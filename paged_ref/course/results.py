@@ -11,11 +11,17 @@ the text and the tables cannot drift apart. A file is what ``python -m paged_ref
     stamp(bench)                                   # "NVIDIA H200, 2026-11-29 (torch ...)"
     best(bench, "B4_L2048", "flashinfer")          # its faster row (tensor cores on or off)
     print_backend_table(bench, ["triton", "triton_split", "flashinfer"])
+
+And the writing side, shared by the benchmark suites and the tools that measure:
+:func:`environment` (GPU, versions, date: the stamp every result file starts with) and
+:func:`write_result`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import platform
 from pathlib import Path
 
 from paged_ref.course import ROOT
@@ -34,6 +40,35 @@ def load_results(name: str | Path) -> dict:
         path = RESULTS_DIR / f"{name}.json"
     with open(path) as f:
         return json.load(f)
+
+
+def environment() -> dict:
+    """Where and when a measurement runs: ``gpu`` (the device name, or the CPU's machine type),
+    ``torch``, ``triton``, ``cuda``, ``flashinfer`` (None where not installed), ``python``,
+    ``date``: the keys :func:`stamp` reads back."""
+    import torch
+    import triton
+
+    try:
+        import flashinfer
+
+        fi = flashinfer.__version__
+    except ImportError:
+        fi = None
+    gpu = (torch.cuda.get_device_name() if torch.cuda.is_available()
+           else f"CPU ({platform.machine()})")
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "flashinfer": fi, "python": platform.python_version(),
+            "date": dt.date.today().isoformat()}
+
+
+def write_result(result: dict, path: str | Path) -> Path:
+    """Write ``result`` as indented JSON to ``path`` (its folder made if missing). A suite
+    calls it after every case, so a run cut short keeps what it measured."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
 
 
 def stamp(result: dict) -> str:

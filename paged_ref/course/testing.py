@@ -51,11 +51,10 @@ class PagedInputs:
         """Bytes of K and V that a decode step must read: every cached token, both caches
         (codes and per-token scales for a quantised cache)."""
         _, _, num_kv_heads, head_dim = self.k_cache.shape
-        if isinstance(self.k_cache, QuantizedKV):
-            per_head = self.k_cache.format.bytes_per_token_head(head_dim)
-            return int(self.seq_lens.sum().item() * 2 * num_kv_heads * per_head)
-        per_token = kv_bytes_per_token(num_layers=1, num_kv_heads=num_kv_heads,
-                                       head_dim=head_dim, dtype=self.k_cache.element_size())
+        quantized = isinstance(self.k_cache, QuantizedKV)
+        per_token = kv_bytes_per_token(
+            num_layers=1, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            dtype=self.k_cache.format if quantized else self.k_cache.element_size())
         return int(self.seq_lens.sum().item()) * per_token
 
     def quantized(self, kv_format: str | KVFormat) -> PagedInputs:

@@ -7,10 +7,12 @@ On a GPU (:func:`gpu_timing_available`):
 * :func:`graph_ms`: the same call replayed from a CUDA graph (no Python launch cost);
 * :func:`cpu_us_per_call`: host microseconds per call (the Python launch path);
 * :func:`copy_bandwidth_gbps`: the device-to-device copy bandwidth, the practical ceiling;
+* :func:`matmul_tflops`: the dense bf16 matmul rate, the compute ceiling;
 * :func:`print_timings`: time a few labelled calls that move the same bytes, print ms and GB/s.
 
 Anywhere: :func:`wall_ms`, the median wall-clock time of a call (what a CPU lesson can
-measure; in Triton's interpreter it measures Python, not a kernel).
+measure; in Triton's interpreter it measures Python, not a kernel), and :func:`median_ms`,
+:func:`time_ms` where there is a GPU and :func:`wall_ms` elsewhere (a tool's smoke run).
 """
 
 from __future__ import annotations
@@ -81,6 +83,16 @@ def copy_bandwidth_gbps(num_bytes: int = 2 << 30) -> float:
     return 2 * num_bytes / (ms * 1e-3) / 1e9
 
 
+def matmul_tflops(n: int = 8192, device: str = "cuda") -> float:
+    """Dense bf16 matmul rate in TFLOP/s (``2 n^3`` FLOPs over the :func:`median_ms` of
+    ``a @ b``, after a GPU warm-up): the compute ceiling of the roofline."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    if torch.device(device).type == "cuda":
+        warm_up_gpu()
+    return 2 * n**3 / (median_ms(lambda: a @ b) * 1e-3) / 1e12
+
+
 def gbps(num_bytes: int, ms: float) -> float:
     """Bytes per millisecond as GB/s (1e9 bytes per second)."""
     return num_bytes / (ms * 1e-3) / 1e9
@@ -96,6 +108,12 @@ def wall_ms(fn: Callable[[], object], repeat: int = 5) -> float:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    """:func:`time_ms` on a GPU (:func:`gpu_timing_available`), else :func:`wall_ms`: for tools
+    that also run a smoke test on a CPU."""
+    return time_ms(fn) if gpu_timing_available() else wall_ms(fn)
 
 
 def print_timings(runs: dict[str, Callable[[], object]], num_bytes: int) -> dict[str, float]:
@@ -117,6 +135,7 @@ def print_timings(runs: dict[str, Callable[[], object]], num_bytes: int) -> dict
             torch.cuda.empty_cache()
         print(f"{label:{width}s} {ms:8.3f} {gbps(num_bytes, ms):9.0f} GB/s")
     return measured
+
 
 def capture_graph(fn: Callable[[], object]):
     """A CUDA graph of one call of ``fn`` (warmed up on a side stream first); returns

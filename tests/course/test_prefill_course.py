@@ -1,5 +1,5 @@
-"""Lesson 08's helpers: FLOP counting, the tile classification and pictures, the benchmark's
-CPU answer."""
+"""Lesson 08's helpers: FLOP counting, the tile classification and pictures (the benchmark's
+CPU answer: tests/course/test_bench_common.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 import paged_ref  # noqa: F401
 from paged_ref.cache_math import attention_flops, visible_keys
-from paged_ref.course import bench_prefill
 from paged_ref.course.viz_prefill import classify_tiles, draw_causal_offset, draw_roofline
 
 
@@ -38,13 +37,3 @@ def test_pictures_draw():
     assert draw_causal_offset(20, 12, block_q=4, block_n=8).axes
     assert draw_roofline({"a": 1.0, "b": 800.0}, peak_tflops=700, bw_gbps=4000,
                          measured={"b": 300.0}).axes
-
-
-def test_bench_refuses_on_cpu_and_lists_the_cases(capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the benchmark runs")
-    assert bench_prefill.main(["--cases", "P8_L2048"]) == 2
-    out = capsys.readouterr().out
-    assert "No CUDA GPU" in out and "P8_L2048" in out and "FLOP/byte" in out

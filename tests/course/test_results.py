@@ -100,3 +100,12 @@ def test_tune_split_reuses_the_benchmark():
     for banned in ("kernel[", "do_bench(", "perf_counter(", "SplitPlan(", "math.ceil"):
         assert banned not in source, banned
     assert "our_runners" in source and "timing." in source
+
+
+def test_environment_and_write_result(tmp_path):
+    env = results.environment()
+    assert {"gpu", "torch", "triton", "cuda", "flashinfer", "python", "date"} <= env.keys()
+    path = results.write_result({**env, "results": []}, tmp_path / "new" / "r.json")
+    assert path == tmp_path / "new" / "r.json"
+    assert json.loads(path.read_text())["date"] == env["date"]
+    assert results.stamp(json.loads(path.read_text())).startswith(env["gpu"])

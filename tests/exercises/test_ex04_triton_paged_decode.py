@@ -25,7 +25,7 @@ import torch
 from paged_ref import _device
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_paged_inputs
-from tests.conftest import load_exercise, unsolved_exercise
+from tests.conftest import load_exercise, run_kernel
 
 DEVICE = _device.triton_device()
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,20 +37,6 @@ needs_triton = pytest.mark.skipif(not _device.HAS_TRITON, reason="triton is not 
 @pytest.fixture
 def ex(request):
     return load_exercise(request.config, NAME)
-
-
-def run_kernel(fn, *args, **kwargs):
-    """Call ``fn``; a stub's NotImplementedError, which Triton wraps in its own error (an
-    InterpreterError on a CPU, a compilation error on a GPU), comes back out unwrapped."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        todo = unsolved_exercise(e)
-        if todo:
-            raise NotImplementedError(todo) from None
-        raise
 
 
 # ---- Exercise 4.1: online_softmax_update --------------------------------------------------------

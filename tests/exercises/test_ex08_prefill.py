@@ -11,8 +11,6 @@ catch each one.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,8 @@ from paged_ref import _device
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_prefill_inputs
 from paged_ref.prefill import paged_prefill_reference
-from tests.conftest import load_exercise, unsolved_exercise
+from tests.conftest import load_exercise, run_kernel
+from tests.mutations.mutate import load_mutant
 
 DEVICE = _device.triton_device()
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,19 +32,6 @@ needs_triton = pytest.mark.skipif(not _device.HAS_TRITON, reason="triton is not 
 @pytest.fixture
 def ex(request):
     return load_exercise(request.config, NAME)
-
-
-def run_kernel(fn, *args, **kwargs):
-    """Call ``fn``; a stub's NotImplementedError wrapped by Triton comes back out unwrapped."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        todo = unsolved_exercise(e)
-        if todo:
-            raise NotImplementedError(todo) from None
-        raise
 
 
 # ---- Exercise 8.1: causal_offset_mask -----------------------------------------------------------
@@ -190,20 +176,6 @@ MUTATIONS = [
 ]
 
 
-def _mutant(tmp_path: Path, mutation_id: str, old: str, new: str):
-    """The solutions module with ``old`` replaced by ``new``, imported from a real file (Triton
-    reads kernel source from files)."""
-    source = (ROOT / "solutions" / f"{NAME}.py").read_text()
-    assert source.count(old) == 1, f"mutation {mutation_id}: {old!r} must occur once"
-    path = tmp_path / f"mutant_{mutation_id}.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_mutations_are_caught(mutation, tmp_path, request):
     if request.config.getoption("--impl") != "solutions":
@@ -212,6 +184,6 @@ def test_mutations_are_caught(mutation, tmp_path, request):
     if "kernel" in test.__name__ or test.__name__.startswith(("test_tile", "test_attend")):
         if not _device.HAS_TRITON:
             pytest.skip("triton is not installed")
-    mutant = _mutant(tmp_path, mutation_id, old, new)
+    mutant = load_mutant(NAME, old, new, tmp_path)
     with pytest.raises(AssertionError):
         test(mutant, *args)

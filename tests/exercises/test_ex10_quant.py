@@ -9,10 +9,6 @@ The last tests plant likely mistakes into the solution and check these tests cat
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,6 +17,7 @@ from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.reference import gather_kv
 from tests.conftest import load_exercise
+from tests.mutations.mutate import load_mutant
 
 DEVICE = _device.triton_device()
 
@@ -139,7 +136,6 @@ def test_dequant_kernel_matches_gather(ex, lens, block_size, head_dim):
 
 # ---- mutation tests: plant a likely mistake, the tests above must catch it ---------------------
 
-SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "ex10_quant.py"
 MUTATIONS = {
     "fp8 scale over the wrong dim": ("amax = x.abs().amax(dim=-1)", "amax = x.abs().amax(dim=0)"),
     "fp8 scale for 127 not 448": ("amax / FP8_MAX, torch", "amax / 127.0, torch"),
@@ -168,23 +164,11 @@ CHECKS = [test_fp8_codes_and_scales, test_fp8_round_trip_is_within_half_a_step,
 PARAMS = {"dtype": torch.float32, "lens": [37, 5], "block_size": 16, "head_dim": 64}
 
 
-def _load_mutant(tmp_path, name, old, new):
-    source = SOLUTION.read_text()
-    assert source.count(old) == 1, f"mutation {name!r}: {old!r} not found once in the solution"
-    path = tmp_path / f"ex10_mutant_{abs(hash(name))}.py"  # a file: triton.jit reads the source
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_mutation_is_caught(request, tmp_path, name):
     if request.config.getoption("--impl") != "solutions":
         pytest.skip("mutation tests check the tests, against the solutions")
-    mutant = _load_mutant(tmp_path, name, *MUTATIONS[name])
+    mutant = load_mutant("ex10_quant", *MUTATIONS[name], tmp_path)
     for check in CHECKS:
         args = [p for p in check.__code__.co_varnames[: check.__code__.co_argcount] if p != "ex"]
         try:

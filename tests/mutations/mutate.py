@@ -18,6 +18,9 @@ exercise tests' ``ex`` fixture gets it), runs the selected exercise tests in thi
 
 Keep ``keyword`` narrow (the tests of the exercise that holds the mistake): Triton kernels run
 in the interpreter on a CPU, and every selected test runs until the first failure.
+
+Exercise tests that call a mutant's functions themselves (lessons 08 and 10) get it from
+:func:`load_mutant`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import importlib.util
 import io
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +84,20 @@ def mutated_source(name: str, mutation: Mutation) -> str:
             )
         source = source.replace(old, new)
     return source
+
+
+def load_mutant(name: str, old: str, new: str, folder: Path) -> types.ModuleType:
+    """``solutions/<name>.py`` with ``old`` replaced by ``new`` (``old`` must occur exactly
+    once), imported from a file in ``folder`` (Triton reads a kernel's source from its file) as
+    a module of its own; ``solutions.<name>`` is left as it is."""
+    mutation = Mutation(f"{old!r} -> {new!r}", old, new, keyword="")
+    path = Path(folder) / f"{name}_mutant_{Path(folder).name}.py"
+    path.write_text(mutated_source(name, mutation))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

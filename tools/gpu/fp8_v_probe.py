@@ -16,6 +16,7 @@ Writes ``$OUT/fp8_v_probe.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -122,12 +123,12 @@ def main() -> int:
         else:
             svb, svt, svh, svd = vc.stride(0), vc.stride(1), vc.stride(2), 1
 
-        def run():
-            probe_kernel[(B, HKV)](
-                out, q, kc, vc, table, L, ks / D**0.5 * 1.4426950408889634, vs,
-                table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), svb, svt, svh, svd,
-                BLOCK_SIZE=BS, GROUP=g, GROUP_PAD=16, D=D, TILE=tile, K_FP8=kfp8, V_FP8=vfp8,
-                V_T=vt, num_warps=warps, num_stages=stages)
+        run = functools.partial(
+            probe_kernel[(B, HKV)],
+            out, q, kc, vc, table, L, ks / D**0.5 * 1.4426950408889634, vs,
+            table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), svb, svt, svh, svd,
+            BLOCK_SIZE=BS, GROUP=g, GROUP_PAD=16, D=D, TILE=tile, K_FP8=kfp8, V_FP8=vfp8,
+            V_T=vt, num_warps=warps, num_stages=stages)
         try:
             run()
             torch.cuda.synchronize()

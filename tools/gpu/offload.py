@@ -19,45 +19,15 @@ one row per prefix length). Run on a GPU machine: ``python tools/gpu/offload.py`
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import statistics
-import sys
 
 import torch
 
 import paged_ref
 from paged_ref import PagedKVCache
 from paged_ref.course.offload import LLAMA_8B, PREFIXES, prefill_flops
-
-
-def time_ms(fn, reps: int) -> float:
-    """Median wall time of ``fn()`` in ms (CUDA events on a GPU, perf_counter on a CPU)."""
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def matmul_tflops(size: int, device: str, reps: int) -> float:
-    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
-    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
-    ms = time_ms(lambda: a @ b, reps)
-    return 2 * size**3 / (ms * 1e-3) / 1e12
+from paged_ref.course.results import environment, write_result
+from paged_ref.course.timing import matmul_tflops, median_ms
 
 
 def main(argv=None) -> int:
@@ -73,30 +43,30 @@ def main(argv=None) -> int:
         return 1
     device = "cuda" if gpu else "cpu"
     shape = dict(LLAMA_8B)
-    prefixes, reps, mm = PREFIXES, 20, 8192
+    prefixes, mm = PREFIXES, 8192
     if args.smoke:
         shape.update(num_layers=2, num_kv_heads=2, head_dim=16)
-        prefixes, reps, mm = [64, 128], 3, 256
+        prefixes, mm = [64, 128], 256
     bs = shape["block_size"]
     max_blocks = max(prefixes) // bs
     cache = PagedKVCache(shape["num_layers"], max_blocks, bs, shape["num_kv_heads"],
                          shape["head_dim"], dtype=torch.bfloat16, device=device,
                          num_host_blocks=max_blocks)
     cache.host_kv.normal_()
-    tflops = matmul_tflops(mm, device, reps)
+    tflops = matmul_tflops(mm, device)
     bulk_src = cache.host_kv.view(-1)
     bulk_dst = torch.empty_like(bulk_src, device=device)
-    bulk_gbps = bulk_src.nbytes / time_ms(
-        lambda: bulk_dst.copy_(bulk_src, non_blocking=True), reps) / 1e6
+    bulk_gbps = bulk_src.nbytes / median_ms(
+        lambda: bulk_dst.copy_(bulk_src, non_blocking=True)) / 1e6
     print(f"dense bf16 matmul {tflops:.0f} TFLOP/s; pinned host->device {bulk_gbps:.1f} GB/s")
     rows = []
     block_bytes = cache.host_kv[0].nbytes
     for n in prefixes:
         blocks = n // bs
         pairs = [(i, blocks - 1 - i) for i in range(blocks)]  # host slot -> a device block
-        copy_ms = time_ms(lambda pairs=pairs: cache.swap_in(pairs), reps)
+        copy_ms = median_ms(lambda pairs=pairs: cache.swap_in(pairs))
         src, dst = bulk_src[: blocks * block_bytes // 2], bulk_dst[: blocks * block_bytes // 2]
-        bulk_ms = time_ms(lambda s=src, d=dst: d.copy_(s, non_blocking=True), reps)
+        bulk_ms = median_ms(lambda s=src, d=dst: d.copy_(s, non_blocking=True))
         recompute_ms = prefill_flops(n, shape) / (tflops * 1e12) * 1e3
         rows.append(dict(prefix_tokens=n, blocks=blocks, bytes=blocks * block_bytes,
                          copy_back_ms=copy_ms, bulk_h2d_ms=bulk_ms,
@@ -106,14 +76,12 @@ def main(argv=None) -> int:
         print(f"prefix {n:6d}: copy back {copy_ms:8.2f} ms (bulk {bulk_ms:7.2f}), "
               f"recompute >= {recompute_ms:8.2f} ms -> x{recompute_ms / copy_ms:.1f}")
     result = dict(
-        gpu=torch.cuda.get_device_name() if gpu else "cpu (smoke test, not a measurement)",
-        torch=torch.__version__, cuda=torch.version.cuda, paged_ref=paged_ref.__version__,
-        python=sys.version.split()[0], date=datetime.date.today().isoformat(),
+        environment(), paged_ref=paged_ref.__version__,
         model=shape, kv_bytes_per_block=block_bytes, matmul_tflops=tflops,
         matmul_size=mm, pinned_h2d_gbps=bulk_gbps, results=rows)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    if not gpu:
+        result["gpu"] = "cpu (smoke test, not a measurement)"
+    print(f"wrote {write_result(result, args.out)}")
     return 0
 
 

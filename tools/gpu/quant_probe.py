@@ -92,8 +92,6 @@ def read_case(label, batch, seq_len, row_bytes, heads_per_row, chunks, tile, sta
     torch.cuda.synchronize()
     ms = time_ms(run)
     nbytes = 2 * k.numel() * 4
-    del k, v
-    torch.cuda.empty_cache()
     return dict(kind="read", label=label, batch=batch, seq_len=seq_len, row_bytes=row_bytes,
                 heads_per_row=heads_per_row, chunks=chunks, tile=tile, stages=stages,
                 warps=warps, identity=identity, ms=ms, bytes=nbytes,
@@ -125,8 +123,6 @@ def attn_case(label, fmt, batch, seq_len, config, chunks, identity, copy_bw):
     torch.cuda.synchronize()
     ms = time_ms(run)
     nbytes = inp.kv_bytes
-    del inp, args
-    torch.cuda.empty_cache()
     return dict(kind="attn", label=label, fmt=fmt, batch=batch, seq_len=seq_len,
                 config=vars(config), chunks=chunks, identity=identity, ms=ms, bytes=nbytes,
                 pct_copy_bw=100 * nbytes / (ms * 1e-3) / 1e9 / copy_bw)
