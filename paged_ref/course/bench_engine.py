@@ -162,8 +162,32 @@ def run_generate_batch(model, prompts, max_new: int):
 # ---------------------------------------------------------------------------- measurements
 
 
+def count_kernels(fn) -> int:
+    """GPU kernels one call of ``fn`` launches (``torch.profiler``; memory copies and sets are
+    not counted). ``fn`` runs once before, so nothing is compiled while profiling."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset")))
+
+
+def decode_step_kernels(runner, step) -> int:
+    """Kernels of one decode step run eagerly (its CUDA graph holds the same kernels)."""
+    graphs, runner.graphs = runner.graphs, {}
+    try:
+        return count_kernels(lambda: runner.execute(step))
+    finally:
+        runner.graphs = graphs
+
+
 def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) -> dict:
-    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline."""
+    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline,
+    and the kernels it launches (per step and per layer, the embedding and LM head included)."""
     from paged_ref.course.bench import time_ms
     from paged_ref.engine.runner import StepInputs
 
@@ -179,6 +203,7 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
     ms = time_ms(lambda: runner.execute(step))
     bucket = min((b for b in runner.graphs if b >= batch), default=None)
     graph_ms = time_ms(runner.graphs[bucket].replay) if bucket else None
+    kernels = decode_step_kernels(runner, step)
     cfg = model.config
     kv = batch * seq_len * kv_bytes_per_token(num_layers=cfg.num_hidden_layers,
                                               num_kv_heads=cfg.num_key_value_heads,
@@ -189,7 +214,8 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
             "x_roofline_graph": graph_ms / roofline_ms if graph_ms else None,
             "weight_bytes": w, "kv_bytes": kv,
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
-            "cuda_graph": bool(runner.graphs)}
+            "cuda_graph": bool(runner.graphs), "kernels_per_step": kernels,
+            "kernels_per_layer": kernels / cfg.num_hidden_layers}
 
 
 def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size: int = 16):
