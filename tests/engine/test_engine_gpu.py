@@ -101,7 +101,7 @@ def test_fused_kernels_compiled_match_torch_ops(dtype):
 
 
 def test_decode_step_launches_few_kernels():
-    """A decode step (SmolLM2's shape, bf16): ~10 kernels a layer (was ~45 with transformers'
+    """A decode step (SmolLM2's shape, bf16): ~10 kernels a layer (was 41 with transformers'
     modules), counted with torch.profiler."""
     from paged_ref.course.bench_engine import build_model, decode_step_kernels
     from paged_ref.engine import Engine
