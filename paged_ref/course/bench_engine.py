@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -162,9 +163,9 @@ def run_generate_batch(model, prompts, max_new: int):
 # ---------------------------------------------------------------------------- measurements
 
 
-def count_kernels(fn) -> int:
-    """GPU kernels one call of ``fn`` launches (``torch.profiler``; memory copies and sets are
-    not counted). ``fn`` runs once before, so nothing is compiled while profiling."""
+def kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of ``fn`` launches, in order (``torch.profiler``; memory
+    copies and sets left out). ``fn`` runs once before, so nothing compiles while profiled."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -172,15 +173,15 @@ def count_kernels(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         sync()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.startswith(("Memcpy", "Memset")))
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))]
 
 
-def decode_step_kernels(runner, step) -> int:
-    """Kernels of one decode step run eagerly (its CUDA graph holds the same kernels)."""
+def decode_step_kernels(runner, step) -> list[str]:
+    """The kernels of one decode step, run eagerly (its CUDA graph holds the same ones)."""
     graphs, runner.graphs = runner.graphs, {}
     try:
-        return count_kernels(lambda: runner.execute(step))
+        return kernel_names(lambda: runner.execute(step))
     finally:
         runner.graphs = graphs
 
@@ -214,8 +215,9 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
             "x_roofline_graph": graph_ms / roofline_ms if graph_ms else None,
             "weight_bytes": w, "kv_bytes": kv,
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
-            "cuda_graph": bool(runner.graphs), "kernels_per_step": kernels,
-            "kernels_per_layer": kernels / cfg.num_hidden_layers}
+            "cuda_graph": bool(runner.graphs), "kernels_per_step": len(kernels),
+            "kernels_per_layer": len(kernels) / cfg.num_hidden_layers,
+            "kernels_by_name": dict(Counter(name[:120] for name in kernels).most_common())}
 
 
 def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size: int = 16):
