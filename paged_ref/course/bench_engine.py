@@ -23,6 +23,7 @@ Writes ``engine.json`` (+ ``engine.png``) to ``--out``. On a CPU it says so and 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -158,8 +159,32 @@ def run_generate_batch(model, prompts, max_new: int):
 # ---------------------------------------------------------------------------- measurements
 
 
+def kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of ``fn`` launches, in order (``torch.profiler``; memory
+    copies and sets left out). ``fn`` runs once before, so nothing compiles while profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def decode_step_kernels(runner, step) -> list[str]:
+    """The kernels of one decode step, run eagerly (its CUDA graph holds the same ones)."""
+    graphs, runner.graphs = runner.graphs, {}
+    try:
+        return kernel_names(lambda: runner.execute(step))
+    finally:
+        runner.graphs = graphs
+
+
 def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) -> dict:
-    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline."""
+    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline,
+    and the kernels it launches (per step and per layer, the embedding and LM head included)."""
     from paged_ref.course.timing import time_ms
     from paged_ref.engine.runner import StepInputs
 
@@ -175,6 +200,7 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
     ms = time_ms(lambda: runner.execute(step))
     bucket = min((b for b in runner.graphs if b >= batch), default=None)
     graph_ms = time_ms(runner.graphs[bucket].replay) if bucket else None
+    kernels = decode_step_kernels(runner, step)
     cfg = model.config
     kv = batch * seq_len * kv_bytes_per_token(num_layers=cfg.num_hidden_layers,
                                               num_kv_heads=cfg.num_key_value_heads,
@@ -185,7 +211,9 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
             "x_roofline_graph": graph_ms / roofline_ms if graph_ms else None,
             "weight_bytes": w, "kv_bytes": kv,
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
-            "cuda_graph": bool(runner.graphs)}
+            "cuda_graph": bool(runner.graphs), "kernels_per_step": len(kernels),
+            "kernels_per_layer": len(kernels) / cfg.num_hidden_layers,
+            "kernels_by_name": dict(Counter(name[:120] for name in kernels).most_common())}
 
 
 def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size: int = 16):

@@ -90,7 +90,8 @@ class Engine:
 
     Args:
         model: a transformers Llama-family causal LM (``LlamaForCausalLM``); its modules are
-            used as they are, so one model may back several engines.
+            used as they are, so one model may back several engines (each keeps a fused copy
+            of the q/k/v and gate/up weights: see :class:`~paged_ref.engine.runner.ModelRunner`).
         num_blocks: blocks in the KV pool (each ``block_size`` tokens of every layer's K and V).
         block_size: tokens per block.
         enable_prefix_caching: requests whose prompts start alike share those blocks.
@@ -102,6 +103,9 @@ class Engine:
         max_model_len: longest request (prompt + output); default the model's context or
             the pool, whichever is smaller.
         eos_token_id: stop token(s); default the model's ``generation_config``.
+        kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
+        fused_backend: the runner's fused layer ops, ``"auto"`` (Triton on a GPU, torch
+            elsewhere), ``"torch"`` or ``"triton"``.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16,
@@ -110,7 +114,7 @@ class Engine:
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_model_len: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
-                 kv_format: str | None = None) -> None:
+                 kv_format: str | None = None, fused_backend: str = "auto") -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -130,7 +134,7 @@ class Engine:
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
-                                  kv_format=kv_format)
+                                  kv_format=kv_format, fused_backend=fused_backend)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.eos_ids = self._eos_ids(model, eos_token_id)
         self.stats = RunStats()

@@ -1,23 +1,33 @@
 """The model runner: a Hugging Face Llama-family model, run over the paged KV cache.
 
-It uses the model's own modules -- embeddings, RMS norms, the q/k/v/o projections, rotary
-embeddings, MLPs, the final norm and the LM head -- and replaces only attention and the cache:
+It uses the model's weights -- embeddings, RMS norms, the q/k/v/o projections, rotary
+embeddings, MLPs, the final norm and the LM head -- and replaces attention and the cache. A
+layer is about ten kernels (the ops of :mod:`paged_ref.engine.fused`; ``h`` is the residual
+stream, ``x`` its normalised copy that the next sub-block reads):
 
+    h, x = h, input_layernorm(h)                         # (first layer only; later: below)
     for each layer:
-        x      = input_layernorm(h)
-        q,k,v  = q_proj(x), k_proj(x), v_proj(x)         # [T, heads, head_dim], T = step tokens
-        q,k    = rotary(q, k, positions)
-        write k, v into the paged cache at slot_mapping  # one slot per token of this step
-        a      = paged_prefill(q, cache, ...)             # prompt chunks (causal, offset by the
-                                                          # cached prefix); decode steps use
-                 paged_attention(q, cache, ..., plan)     # one query token per request
-        h      = h + o_proj(a);  h = h + mlp(post_attention_layernorm(h))
+        qkv   = x @ W_qkv                                # 1 GEMM (q, k, v projections fused)
+        q     = rotary(q); write rotary(k), v into the   # 1 kernel
+                paged cache at slot_mapping              #   one slot per token of this step
+        a     = paged_prefill(q, cache, ...)             # prompt chunks (causal, offset by the
+                                                         # cached prefix); decode steps use
+                paged_attention(q, cache, ..., plan)     # 1-2 kernels (split-KV: split + merge)
+        h, x  = h + o_proj(a), post_attention_layernorm  # 1 GEMM + 1 kernel (add + norm)
+        m     = silu(x @ W_gate) * (x @ W_up)            # 1 GEMM (gate, up fused) + 1 kernel
+        h, x  = h + down_proj(m), next layer's           # 1 GEMM + 1 kernel (add + norm)
+                input_layernorm (the final norm last)
+
+Transformers' own modules launch 41 kernels a layer in bf16 (each RMS norm 8 elementwise ops,
+rotary 5 per tensor, three q/k/v GEMMs, ...); in a decode step each costs a few microseconds even
+in a CUDA graph, far more than its bytes. On a GPU the fused ops are Triton kernels
+(:mod:`paged_ref.kernels.triton_fused`); on a CPU they are the same torch ops transformers runs.
 
 All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. There is no Hugging Face cache object.
 
 On a GPU, steps where every request decodes one token run as CUDA graphs captured once per
-batch-size bucket (1, 2, 4, 8, 16, 24, 32, ... up to ``max_num_seqs``): a smaller batch is padded
+batch-size bucket (1, 2, 4, 8, 16, 32, 48, ... up to ``max_num_seqs``): a smaller batch is padded
 to its bucket with rows of length 0 that write their K/V to a spare block no request owns.
 """
 
@@ -28,10 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+import torch.nn.functional as F
 
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import ops
+from paged_ref.engine import fused, ops
 from paged_ref.storage import PagedKVCache
 
 
@@ -68,21 +78,32 @@ class ModelRunner:
     """Runs ``model`` (a transformers ``LlamaForCausalLM``-like model) one step at a time.
 
     Args:
-        model: its weights and modules are used in place (never copied or changed), so one
-            model can back several runners.
+        model: its modules are used in place and never changed, so one model can back several
+            runners. The runner keeps one copy of some weights: each layer's q/k/v projections
+            stacked into one matrix, and gate/up into another (:func:`fused.fuse_linears`), so
+            each is one GEMM. That costs the memory of those weights again: about half of a
+            Llama model's parameters (Llama-3.2-1B-like shape: 0.64 of 1.24 G parameters,
+            1.3 GB in bf16; SmolLM2-135M: 70 of 135 M, 0.28 GB in float32). They are made
+            here, once: change the model's weights afterwards and build a new runner.
         num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
             block more, the padding rows' scratch block.
         num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
         attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
+        kv_format: a quantised cache format (``paged_ref.QuantizedKV``), or None for plain.
+        fused_backend: the fused layer ops' backend, ``"auto"`` (Triton on a GPU), ``"torch"``
+            or ``"triton"`` (on a CPU: Triton's interpreter, slow; for tests).
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_num_seqs: int = 256, max_model_len: int = 4096,
-                 kv_format: str | None = None) -> None:
+                 kv_format: str | None = None, fused_backend: str = "auto") -> None:
         cfg = model.config
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise ValueError(f"model.config.hidden_act must be 'silu' (a Llama MLP), got "
+                             f"{cfg.hidden_act!r}")
         self.model = model
         self.layers = list(model.model.layers)
         self.num_q_heads = cfg.num_attention_heads
@@ -92,6 +113,14 @@ class ModelRunner:
         self.scale = self.layers[0].self_attn.scaling
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.fused_backend = fused.choose_backend(fused_backend, self.device)
+        self.norms = [m for layer in self.layers
+                      for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        self.norms.append(model.model.norm)  # norms[2i], norms[2i+1]: layer i's; last: final
+        self.qkv = [fused.fuse_linears(a.q_proj, a.k_proj, a.v_proj)
+                    for a in (layer.self_attn for layer in self.layers)]
+        self.gate_up = [fused.fuse_linears(layer.mlp.gate_proj, layer.mlp.up_proj)
+                        for layer in self.layers]
         self.block_size = block_size
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
@@ -114,24 +143,28 @@ class ModelRunner:
         """Hidden states ``[T, hidden]`` after the final norm. ``attend(layer, q)`` runs
         attention over the cache (after this step's K/V are written) and returns ``[T, Hq, D]``.
         """
-        inner = self.model.model
+        inner, backend = self.model.model, self.fused_backend
         h = inner.embed_tokens(input_ids)
         cos, sin = inner.rotary_emb(h, positions[None])
         cos, sin = cos[0], sin[0]  # [T, head_dim]
         num_tokens = input_ids.shape[0]
+        h, x = self._add_norm(h, None, 0)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(num_tokens, self.num_q_heads, self.head_dim)
-            k = attn.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-            k_cache, v_cache = self.cache.k_caches[i], self.cache.v_caches[i]
-            ops.write_kv(k_cache, v_cache, k, v, slot_mapping)
-            a = attend(i, q.contiguous())
-            h = h + attn.o_proj(a.reshape(num_tokens, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return inner.norm(h)
+            qkv = F.linear(x, *self.qkv[i])
+            q = fused.rope_write_kv(qkv, cos, sin, self.cache.k_caches[i],
+                                    self.cache.v_caches[i], slot_mapping, self.num_q_heads,
+                                    backend=backend)
+            a = attend(i, q)
+            h, x = self._add_norm(h, layer.self_attn.o_proj(a.reshape(num_tokens, -1)), 2 * i + 1)
+            m = fused.silu_mul(F.linear(x, *self.gate_up[i]), backend=backend)
+            h, x = self._add_norm(h, layer.mlp.down_proj(m), 2 * i + 2)
+        return x
+
+    def _add_norm(self, h, delta, norm_index: int):
+        """``h + delta`` and its normalisation by ``self.norms[norm_index]``."""
+        norm = self.norms[norm_index]
+        return fused.add_rms_norm(h, delta, norm.weight, norm.variance_epsilon,
+                                  backend=self.fused_backend)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The most likely next token of each row of ``hidden`` (int64 ``[rows]``)."""

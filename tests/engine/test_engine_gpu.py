@@ -8,6 +8,8 @@ part ways; the test checks the first tokens agree and records how many agree in 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -61,3 +63,62 @@ def test_small_pool_preempts_and_matches(prompts):
     engine = Engine(model, num_blocks=24, block_size=16, max_num_batched_tokens=64)
     assert engine.generate(prompts, 12, ignore_eos=True) == expected
     assert engine.stats.preemptions > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kernels_compiled_match_torch_ops(dtype):
+    """The fused Triton kernels compiled (hidden 576, 9 / 3 heads, MLP 1536; and the 1B-like
+    2048, 32 / 8, 8192): equal to the torch ops (transformers' arithmetic) up to rounding."""
+    from paged_ref.course.checks import assert_close
+    from paged_ref.engine import fused
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for hidden, hq, hkv, inter in ((576, 9, 3, 1536), (2048, 32, 8, 8192)):
+        t, d = 37, 64
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+
+        h, delta, w = rand(t, hidden), rand(t, hidden), rand(hidden)
+        ref = fused.add_rms_norm(h, delta, w, 1e-5, backend="torch")
+        got = fused.add_rms_norm(h, delta, w, 1e-5, backend="triton")
+        assert torch.equal(got[0], ref[0])
+        assert_close(got[1], ref[1].double(), name=f"add_rms_norm {hidden}")
+        gu = rand(t, 2 * inter)
+        assert_close(fused.silu_mul(gu, backend="triton"),
+                     fused.silu_mul(gu, backend="torch").double(), name=f"silu_mul {inter}")
+        qkv, pos = rand(t, (hq + 2 * hkv) * d), torch.randperm(4000, device="cuda")[:t]
+        freqs = pos[:, None].float() / 10000 ** (torch.arange(0, d, 2, device="cuda") / d)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        slots = torch.randperm(4 * t, device="cuda")[:t]
+        out = {}
+        for backend in ("torch", "triton"):
+            caches = [torch.zeros(t, 4, hkv, d, dtype=dtype, device="cuda") for _ in range(2)]
+            q = fused.rope_write_kv(qkv, cos, sin, *caches, slots, hq, backend=backend)
+            out[backend] = (q, *caches)
+        for name, a, b in zip(("q", "k cache", "v cache"), out["triton"], out["torch"],
+                              strict=True):
+            assert_close(a, b.double(), name=f"rope_write {name}")
+
+
+def test_decode_step_launches_few_kernels():
+    """A decode step (SmolLM2's shape, bf16): ~10 kernels a layer (was 41 with transformers'
+    modules), counted with torch.profiler."""
+    from paged_ref.course.bench_engine import build_model, decode_step_kernels
+    from paged_ref.engine import Engine
+    from paged_ref.engine.runner import StepInputs
+
+    model = build_model("smollm2-135m", dtype=torch.bfloat16)
+    engine = Engine(model, num_blocks=64, block_size=16, max_num_seqs=8, cuda_graphs=False)
+    step = StepInputs(input_ids=[5] * 4, positions=[40] * 4,
+                      slot_mapping=[b * 3 * 16 + 2 * 16 + 8 for b in range(4)],
+                      query_start_loc=list(range(5)), seq_lens=[41] * 4,
+                      block_tables=[[3 * b, 3 * b + 1, 3 * b + 2] for b in range(4)],
+                      sample_rows=list(range(4)))
+    names = decode_step_kernels(engine.runner, step)
+    layers = model.config.num_hidden_layers
+    print(f"decode step: {len(names)} kernels, {len(names) / layers:.1f} a layer; by name:")
+    for name, count in Counter(names).most_common():
+        print(f"  {count:4d}  {name[:110]}")
+    assert len(names) <= 16 * layers + 20, "transformers' modules: 41 a layer"

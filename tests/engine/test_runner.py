@@ -95,3 +95,65 @@ def test_step_recorder_draws_the_block_tables(tiny, case):
     fig = rec.figure(1)
     gids = {a.get_gid() for ax in fig.axes for a in ax.patches if a.get_gid()}
     assert any(g.startswith("pool:") for g in gids) and any(g.startswith("logical:") for g in gids)
+
+
+def test_fused_triton_ops_give_transformers_tokens(tiny, case):
+    """The fused Triton kernels (interpreted here) inside the whole engine, prefill and
+    decode steps: tokens equal transformers'."""
+    prompts, outputs, expected = case
+    engine = Engine(tiny, num_blocks=64, block_size=4, fused_backend="triton")
+    assert engine.runner.fused_backend == "triton"
+    pick = [3, 4, 6]  # short ones: the interpreter runs each program alone
+    got = engine.generate([prompts[i] for i in pick], [outputs[i] for i in pick],
+                          ignore_eos=True)
+    assert got == [expected[i] for i in pick]
+
+
+def test_projection_biases_and_norm_weights_are_used():
+    """A Llama config with ``attention_bias`` and ``mlp_bias``: the fused projections add them;
+    and norm weights that are not all ones: each add + norm uses the right one."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, vocab_size=128,
+                      attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+                      initializer_range=0.3)  # (0.02: attention would hardly move a token)
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:  # (initialised to 0 and 1: a
+                p.normal_(mean=float("norm" in name), std=0.5)  # dropped one goes unseen)
+    prompts, outputs = workload(3, cfg.vocab_size, seed=4, prompt_mean=12, output_mean=6,
+                                max_len=30)
+    expected = [hf_greedy(model, p, n) for p, n in zip(prompts, outputs, strict=True)]
+    for backend in ("torch", "triton"):
+        engine = Engine(model, num_blocks=32, block_size=4, fused_backend=backend)
+        assert engine.generate(prompts, outputs, ignore_eos=True) == expected, backend
+
+
+def test_runner_uses_fused_ops_and_leaves_the_model_alone(tiny, case, monkeypatch):
+    """No call to transformers' norm, q/k/v or MLP modules (the fused ops replace them);
+    the model's weights unchanged."""
+    prompts, outputs, expected = case
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the runner called a transformers module it fuses")
+
+    layer = tiny.model.layers[0]
+    for module in (layer.input_layernorm, layer.post_attention_layernorm, tiny.model.norm,
+                   layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                   layer.mlp, layer.mlp.gate_proj, layer.mlp.up_proj):
+        monkeypatch.setattr(module, "forward", forbidden)
+    engine = Engine(tiny, num_blocks=64, block_size=16)
+    assert engine.generate(prompts[:2], outputs[:2], ignore_eos=True) == expected[:2]
+    monkeypatch.undo()
+    after = tiny.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_fused_backend_is_a_value_error(tiny):
+    with pytest.raises(ValueError, match="fused_backend"):
+        Engine(tiny, num_blocks=8, fused_backend="fast")
