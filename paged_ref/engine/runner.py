@@ -167,8 +167,11 @@ class ModelRunner:
                                   backend=self.fused_backend)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The most likely next token of each row of ``hidden`` (int64 ``[rows]``)."""
-        return self.model.lm_head(hidden).float().argmax(dim=-1)
+        """The most likely next token of each row of ``hidden`` (int64 ``[rows]``). The argmax
+        reads the logits in their own dtype: widening them to float32 first would change no
+        answer (every bf16/fp16 value is exact in float32) but write and read 256 x 128k x 4
+        bytes more per step at the 1B-like shape's batch of 256 (0.13 GB)."""
+        return self.model.lm_head(hidden).argmax(dim=-1)
 
     # ---- one step ---------------------------------------------------------------------------
 
