@@ -217,6 +217,15 @@ def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
+def prepare_out(out: torch.Tensor | None, q: torch.Tensor, k_cache) -> tuple[torch.Tensor, bool]:
+    """``out`` checked (or allocated), and whether the call is already done: an empty batch,
+    or a pool with no blocks at all (every length is 0 then, the checks saw to it: zeros)."""
+    out = check_out(out, q)
+    if q.shape[0] and k_cache.shape[0] == 0:
+        out.zero_()
+    return out, q.shape[0] == 0 or k_cache.shape[0] == 0
+
+
 def launch_constants(q: torch.Tensor, k_cache, scale: float | None) -> dict:
     """Compile-time sizes shared by the one-pass and split kernels (``k_cache`` a tensor or a
     :class:`~paged_ref.QuantizedKV`)."""
@@ -265,11 +274,9 @@ def paged_attention_triton(
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    out = check_out(out, q)
-    if batch == 0:
+    out, done = prepare_out(out, q, k_cache)
+    if done:
         return out
-    if k_cache.shape[0] == 0:  # no blocks at all: every length is 0 (the checks saw to it)
-        return out.zero_()
     q, block_tables, seq_lens = (unit_last_stride(t) for t in (q, block_tables, seq_lens))
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
@@ -285,5 +292,5 @@ def paged_attention_triton(
     return out
 
 
-__all__ = ["KernelConfig", "attend_tokens", "check_out", "paged_attention_triton",
+__all__ = ["KernelConfig", "attend_tokens", "check_out", "paged_attention_triton", "prepare_out",
            "paged_decode_kernel", "unit_last_stride"]

@@ -32,11 +32,11 @@ from paged_ref.kernels.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
-    check_out,
     default_config,
     launch_constants,
     load_group_queries,
     paged_attention_triton,
+    prepare_out,
     unit_last_stride,
 )
 from paged_ref.validation import Lengths
@@ -316,11 +316,9 @@ def paged_attention_split(
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    out = check_out(out, q)
-    if batch == 0:
+    out, done = prepare_out(out, q, k_cache)
+    if done:
         return out
-    if k_cache.shape[0] == 0:  # no blocks at all: every length is 0 (the checks saw to it)
-        return out.zero_()
     if plan is None:
         max_len = int(seq_lens.max()) if max_len is None else max_len
         plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
