@@ -154,9 +154,9 @@ class SharingMachine(RuleBasedStateMachine):
         self.tokens[seq_id].append(token)
         self._write(seq_id, n)
 
-    @precondition(lambda self: self.tokens)
-    @rule(data=st.data())
-    def decode_step(self, data):
+    def _fork_then_pick_step(self, data):
+        """Fork a sequence between steps (one more sample, so the step copies), then draw the
+        step: the new child and any others, one new token each. Returns (ids, new tokens)."""
         parent = data.draw(st.sampled_from(sorted(self.tokens)))
         child, self.next_id = self.next_id, self.next_id + 1
         self.m.fork(parent, child)  # between steps: one more sample, so this step copies
@@ -164,6 +164,12 @@ class SharingMachine(RuleBasedStateMachine):
         others = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True))
         ids = [child] + [s for s in others if s != child]
         new = data.draw(st.lists(TOKENS, min_size=len(ids), max_size=len(ids)))
+        return ids, new
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def decode_step(self, data):
+        ids, new = self._fork_then_pick_step(data)
         lens = [len(self.tokens[s]) for s in ids]
         before = snapshot(self.m)
         try:
@@ -186,13 +192,7 @@ class SharingMachine(RuleBasedStateMachine):
         A freed writer's new token is never written, so one whose token filled its block in
         place is not freed here: that block would be cached without that token's K/V (the
         caller's rule, docs/contract.md: free such a sequence only between steps)."""
-        parent = data.draw(st.sampled_from(sorted(self.tokens)))
-        child, self.next_id = self.next_id, self.next_id + 1
-        self.m.fork(parent, child)  # between steps: one more sample, so this step copies
-        self.tokens[child] = list(self.tokens[parent])
-        others = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), unique=True))
-        ids = [child] + [s for s in others if s != child]
-        new = data.draw(st.lists(TOKENS, min_size=len(ids), max_size=len(ids)))
+        ids, new = self._fork_then_pick_step(data)
         bs, lens = self.m.block_size, [len(self.tokens[s]) for s in ids]
         last = {s: self.m.block_table(s)[-1:] for s in ids}
         try:

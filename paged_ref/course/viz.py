@@ -577,9 +577,13 @@ class BlockTableExplorer:
             return False
         table = self.manager.block_table(seq_id)
         self.manager.free_sequence(seq_id)
-        self.message = f"finished req {seq_id}: blocks {table} are free again"
+        self.message = self._finished(seq_id, table)
         self._refresh()
         return True
+
+    def _finished(self, seq_id: Hashable, table: list[int]) -> str:
+        """The message after ``seq_id`` (which held ``table``) is freed."""
+        return f"finished req {seq_id}: blocks {table} are free again"
 
     def figure(self) -> Figure:
         """The current picture (:func:`draw_block_tables`)."""
@@ -1048,17 +1052,12 @@ class SharingExplorer(BlockTableExplorer):
     def finish(self, seq_id: Hashable) -> bool:
         """Finish ``seq_id``: each block loses a holder; cached ones stay, evictable."""
         self.copies = []
-        if seq_id not in self.manager:
-            self.message = f"no request {seq_id!r}"
-            self._refresh()
-            return False
-        table = self.manager.block_table(seq_id)
-        self.manager.free_sequence(seq_id)
+        return super().finish(seq_id)
+
+    def _finished(self, seq_id: Hashable, table: list[int]) -> str:
         holders = [self.manager.ref_count(b) for b in table]
-        self.message = (f"finished req {seq_id}: blocks {table} lost a holder (now {holders}); "
-                        f"full blocks nobody holds stay cached until the pool needs them")
-        self._refresh()
-        return True
+        return (f"finished req {seq_id}: blocks {table} lost a holder (now {holders}); "
+                f"full blocks nobody holds stay cached until the pool needs them")
 
     def figure(self) -> Figure:
         """Tables + pool (shared blocks, the last copy-on-write) above the prefix tree."""

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from quant_probe import start  # (this folder is on sys.path when the script runs)
 
 from paged_ref.course.bench import environment
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
+from paged_ref.course.timing import time_ms
 
 DEVICE = "cuda"
 B, L, HQ, HKV, D, BS = 64, 4096, 32, 8, 128, 16
@@ -76,12 +76,10 @@ def probe_kernel(out_ptr, q_ptr, k_ptr, v_ptr, table_ptr, seq_len, qk_scale, v_s
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("fp8_v_probe.py needs a CUDA GPU")
+    started = start("fp8_v_probe")
+    if started is None:
         return 1
-    out_path = os.path.join(os.environ.get("OUT", "."), "fp8_v_probe.json")
-    warm_up_gpu()
-    copy_bw = copy_bandwidth_gbps()
+    out_path, copy_bw = started
     torch.manual_seed(0)
     nb = B * L // BS
     k16 = torch.randn(nb, BS, HKV, D, device=DEVICE, dtype=torch.bfloat16)

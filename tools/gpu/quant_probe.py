@@ -128,13 +128,21 @@ def attn_case(label, fmt, batch, seq_len, config, chunks, identity, copy_bw):
                 pct_copy_bw=100 * nbytes / (ms * 1e-3) / 1e9 / copy_bw)
 
 
-def main() -> int:
+def start(name: str) -> tuple[str, float] | None:
+    """``($OUT/<name>.json, copy bandwidth GB/s)`` after warming the GPU up; ``None`` (said)
+    without a CUDA GPU. (tools/gpu/fp8_v_probe.py starts the same way.)"""
     if not torch.cuda.is_available():
-        print("quant_probe.py needs a CUDA GPU")
-        return 1
-    out_path = os.path.join(os.environ.get("OUT", "."), "quant_probe.json")
+        print(f"{name}.py needs a CUDA GPU")
+        return None
     warm_up_gpu()
-    copy_bw = copy_bandwidth_gbps()
+    return os.path.join(os.environ.get("OUT", "."), f"{name}.json"), copy_bandwidth_gbps()
+
+
+def main() -> int:
+    started = start("quant_probe")
+    if started is None:
+        return 1
+    out_path, copy_bw = started
     result = dict(environment(), copy_bw_gbps=copy_bw, shape={**SHAPE, "dtype": "bfloat16"},
                   rows=[])
     rows = result["rows"]
