@@ -33,9 +33,11 @@ lab: install
 
 ## The whole suite, CPU only: paged_ref, solutions, exercise pipeline, every notebook, the
 ## committed outputs. Lints the code we own; your edits in exercises/ are not linted.
+## Two workers, one thread each: torch's threads per worker (and per notebook kernel and
+## spawned rank) on top of two workers made the model notebooks 5-10x slower on 2 cores.
 test: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
-	PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
 
 ## Your exercises: make test-exercises EX=ex02
 test-exercises: install
