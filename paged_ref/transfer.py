@@ -96,20 +96,24 @@ def pack_blocks(cache: PagedKVCache, block_ids: Sequence[int],
     """Gather blocks ``block_ids`` of every layer's K and V into one contiguous tensor.
 
     Returns ``[num_layers, 2, len(block_ids), block_size, num_kv_heads, head_dim]`` (a copy;
-    ``out`` may be given, contiguous and of that shape and dtype).
+    ``out`` may be given, contiguous and of that shape and dtype). One indexed copy of whole
+    blocks from the pool's one tensor (:func:`_pool_rows`).
     """
+    _check_plain(cache)
     idx = _block_index(cache, block_ids)
     shape = payload_shape(cache, len(idx))
     if out is None:
         out = torch.empty(shape, dtype=cache.dtype, device=cache.device)
     elif tuple(out.shape) != shape or out.dtype != cache.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape}")
-    _pack_layers(cache, idx, 0, out)
+    rows = _block_rows(cache, idx).transpose(0, 1).flatten()  # [layers, 2 (K, V), blocks]
+    torch.index_select(_pool_rows(cache), 0, rows, out=out.view(-1, _row_numel(cache)))
     return out
 
 
 def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.Tensor) -> None:
     """Scatter a :func:`pack_blocks` payload into blocks ``block_ids`` of ``cache``."""
+    _check_plain(cache)
     idx = _block_index(cache, block_ids)
     shape = payload_shape(cache, len(idx))
     if tuple(packed.shape) != shape or packed.dtype != cache.dtype:
@@ -117,22 +121,8 @@ def unpack_blocks(cache: PagedKVCache, block_ids: Sequence[int], packed: torch.T
             f"packed must be {cache.dtype} of shape {shape}, got {packed.dtype} "
             f"{tuple(packed.shape)}"
         )
-    _unpack_layers(cache, idx, 0, packed)
-
-
-def _pack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int, out: torch.Tensor) -> None:
-    """Gather blocks ``idx`` of layers ``layer0 .. layer0 + len(out) - 1`` into ``out``."""
-    for i in range(out.shape[0]):
-        torch.index_select(cache.k_caches[layer0 + i], 0, idx, out=out[i, 0])
-        torch.index_select(cache.v_caches[layer0 + i], 0, idx, out=out[i, 1])
-
-
-def _unpack_layers(cache: PagedKVCache, idx: torch.Tensor, layer0: int,
-                   packed: torch.Tensor) -> None:
-    """The inverse of :func:`_pack_layers`: scatter ``packed`` into blocks ``idx``."""
-    for i in range(packed.shape[0]):
-        cache.k_caches[layer0 + i].index_copy_(0, idx, packed[i, 0])
-        cache.v_caches[layer0 + i].index_copy_(0, idx, packed[i, 1])
+    rows = _block_rows(cache, idx).transpose(0, 1).flatten()
+    _pool_rows(cache).index_copy_(0, rows, packed.reshape(-1, _row_numel(cache)))
 
 
 def _header(cache: PagedKVCache, num_tokens: int, num_blocks: int, mode: str,
