@@ -17,7 +17,6 @@ Writes ``$OUT/fp8_v_probe.json``.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 
 import torch
@@ -25,7 +24,7 @@ import triton
 import triton.language as tl
 from quant_probe import start  # (this folder is on sys.path when the script runs)
 
-from paged_ref.course.bench import environment
+from paged_ref.course.results import environment, write_result
 from paged_ref.course.timing import time_ms
 
 DEVICE = "cuda"
@@ -142,8 +141,7 @@ def main() -> int:
         result["rows"].append(row)
         print(f"{label:16s} t{tile} w{warps} s{stages}: {ms:.4f} ms "
               f"{row['pct_copy_bw']:5.1f} % err {err:.1e}", flush=True)
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(result, out_path)
     return 0
 
 

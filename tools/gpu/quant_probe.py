@@ -20,7 +20,6 @@ Writes ``$OUT/quant_probe.json``. Run on a GPU machine: ``python tools/gpu/quant
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
@@ -28,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_ref.course.bench import environment
+from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
 from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
@@ -153,8 +152,7 @@ def main() -> int:
                  if k in row}
         print(f"{row['kind']:4s} {row['label']:28s} {row['ms']:.4f} ms "
               f"{row['pct_copy_bw']:5.1f} %  {extra}", flush=True)
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(result, out_path)
 
     # 1. The access pattern alone.
     for row_bytes, name in ((256, "bf16"), (128, "fp8"), (64, "int4")):
