@@ -10,6 +10,11 @@ It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.pl
 
 With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made
 once on the host: the call reads nothing back and can be captured in a CUDA graph.
+
+Without a plan, on a GPU, the checks run as a kernel queued *before* the attention kernel, which
+reads the checked lengths (``-1`` for a row that failed: skipped, never read); the host waits
+for the checks' verdict only after both are queued (:func:`checked_while_running`), so the GPU
+never idles waiting for the host. Elsewhere the values are checked first (one read-back).
 """
 
 from __future__ import annotations
@@ -19,9 +24,17 @@ import torch
 from paged_ref.plan import BACKENDS, DecodePlan, check_against_plan, dispatch, make_plan
 from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import paged_attention_torch
-from paged_ref.validation import Lengths, check_out, check_shapes, check_values
+from paged_ref.validation import (
+    Lengths,
+    Shapes,
+    check_out,
+    check_shapes,
+    check_values,
+    checks_on_device,
+    lengths_from_stats,
+)
 
-__all__ = ["BACKENDS", "choose_backend", "paged_attention", "run_plan"]
+__all__ = ["BACKENDS", "checked_while_running", "choose_backend", "paged_attention", "run_plan"]
 
 
 def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
@@ -46,6 +59,29 @@ def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=
     return paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens, scale=plan.scale,
                                  plan=plan.split, scratch=plan.scratch, out=out,
                                  max_seq_len=plan.max_seq_len)
+
+
+def checked_while_running(backend: str, shapes: Shapes, q, k_cache, v_cache, block_tables,
+                          seq_lens, scale, out):
+    """An unplanned call of a Triton backend on a GPU, with no wait before the launch.
+
+    1. queue the check kernel (it writes ``checked_lens``: ``seq_lens``, ``-1`` for a bad row)
+       and the copy of its verdict to the host;
+    2. plan from what the shapes say: every length may be up to the table's capacity
+       (``max_blocks_per_seq * block_size``; the plan is right for any shorter one);
+    3. queue the attention kernel(s) on ``checked_lens``;
+    4. wait for the verdict only (a CUDA event after the check kernel): raise the named error
+       if a check failed (rows of ``out`` with valid inputs may have been written then).
+    """
+    from paged_ref.kernels.triton_checks import start_checks
+
+    pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+    capacity = shapes.max_blocks_per_seq * shapes.block_size
+    plan = make_plan(backend, shapes, q.dtype, q.device, max_len=capacity,
+                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale)
+    result = run_plan(plan, q, k_cache, v_cache, block_tables, pending.checked_lens, out)
+    lengths_from_stats(pending.stats(), block_tables, seq_lens, shapes)
+    return result
 
 
 def paged_attention(
@@ -77,7 +113,9 @@ def paged_attention(
                  split and scratch fixed there; this call then checks shapes only, reads no
                  tensor value back and is CUDA-graph capturable (``scale``/``backend`` come
                  from the plan; leave them default). Without a plan, lengths and used table
-                 entries are checked here (one read-back).
+                 entries are checked here (one read-back; on a GPU, a check kernel whose
+                 verdict is read after the attention kernel is queued; the split is then
+                 planned for lengths up to the table's capacity).
     out          optional [batch, num_q_heads, head_dim] tensor of q's dtype to write into
 
     Returns [batch, num_q_heads, head_dim] in q's dtype (``out`` when given); a row with
@@ -95,9 +133,15 @@ def paged_attention(
         check_against_plan(plan, shapes, q)
     else:
         shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-        lengths = check_values(block_tables, seq_lens, shapes)
         if backend == "auto" and not kernels_read(k_cache):
             backend = "torch"  # a quantised layout the Triton kernels do not read
+        if backend != "torch" and shapes.batch and checks_on_device(seq_lens):
+            if out is not None:
+                check_out(out, q)
+            check_kernel_format(k_cache)
+            return checked_while_running(backend, shapes, q, k_cache, v_cache, block_tables,
+                                         seq_lens, scale, out)
+        lengths = check_values(block_tables, seq_lens, shapes)
         plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
                          total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
                          scale=scale)

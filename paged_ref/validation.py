@@ -154,15 +154,33 @@ def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Sha
     """
     if shapes.batch == 0:
         return Lengths(0, 0)
-    if seq_lens.is_cuda and _device.HAS_TRITON and not _device.INTERPRET:  # one kernel
+    if checks_on_device(seq_lens):  # one kernel
         from paged_ref.kernels.triton_checks import length_stats
 
-        shortest, longest, total, num_bad = length_stats(block_tables, seq_lens,
-                                                         shapes.block_size, shapes.num_blocks)
-        if shortest >= 0 and longest <= shapes.max_blocks_per_seq * shapes.block_size \
-                and num_bad == 0:
-            return Lengths(longest, total)
-        # else a check failed: the paths below find the offending entry for the message
+        return lengths_from_stats(
+            length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks),
+            block_tables, seq_lens, shapes)
+    return _check_on_host(block_tables, seq_lens, shapes)
+
+
+def checks_on_device(seq_lens: torch.Tensor) -> bool:
+    """Are the value checks done by the Triton check kernel (on a GPU, compiled Triton)?"""
+    return seq_lens.is_cuda and _device.HAS_TRITON and not _device.INTERPRET
+
+
+def lengths_from_stats(stats: tuple[int, int, int, int], block_tables: torch.Tensor,
+                       seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
+    """The check kernel's verdict ``(shortest, longest, total, bad used entries)`` as
+    ``Lengths``; when a check failed, the host checks find the offending entry and raise."""
+    shortest, longest, total, num_bad = stats
+    if shortest >= 0 and longest <= shapes.max_blocks_per_seq * shapes.block_size \
+            and num_bad == 0:
+        return Lengths(longest, total)
+    return _check_on_host(block_tables, seq_lens, shapes)
+
+
+def _check_on_host(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Shapes) -> Lengths:
+    """The checks with NumPy on the host (one copy), or torch ops for very large tables."""
     if block_tables.numel() <= HOST_CHECK_MAX_ENTRIES:
         if seq_lens.is_cuda:  # one copy to the host for both tensors
             packed = torch.cat([seq_lens, block_tables.flatten()]).cpu().numpy()

@@ -210,3 +210,40 @@ def test_gpu_unplanned_call_still_names_a_bad_entry():
     inp.block_tables[1, 2] = 10**6
     with pytest.raises(ValueError, match=r"block_tables\[1, 2\] = 1000000"):
         paged_ref.paged_attention(*inp.args())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_unplanned_call_waits_only_for_the_checks(backend):
+    """Without a plan the check kernel's verdict is read after the attention kernel is queued
+    (a pinned copy and a CUDA event): no implicit sync, and the answer is right."""
+    inp = make_paged_inputs([3000, 17, 800, 0], dtype=torch.bfloat16, device="cuda", seed=3,
+                            **GPU_SHAPE)
+    paged_ref.paged_attention(*inp.args(), backend=backend)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = paged_ref.paged_attention(*inp.args(), backend=backend)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(out, inp.reference(), name=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["bad entry", "negative length", "too long"])
+def test_gpu_unplanned_bad_row_is_skipped_and_named(backend, how):
+    """The attention kernel already queued skips the row the checks rejected (its table points
+    far outside the pool), the others are right, and the call raises the checks' message."""
+    from tests.test_checked_while_running import SENTINEL, spoil
+
+    inp = make_paged_inputs([40, 0, 300, 77], dtype=torch.bfloat16, device="cuda", seed=4,
+                            **GPU_SHAPE)
+    want = inp.reference()
+    match = spoil(inp, how)
+    if how == "bad entry":
+        inp.block_tables[2, 3:] = 2**31 - 1
+    out = torch.full_like(inp.q, SENTINEL)
+    with pytest.raises(ValueError, match=match):
+        paged_ref.paged_attention(*inp.args(), backend=backend, out=out)
+    torch.cuda.synchronize()  # (an out-of-bounds read would surface here)
+    assert (out[2] == SENTINEL).all()
+    assert_close(out[[0, 1, 3]], want[[0, 1, 3]])

@@ -186,28 +186,30 @@ def paged_decode_kernel(
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
-    """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence."""
+    """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence.
+    A row of length ``-1`` (one the value checks rejected) is skipped: nothing read or written."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
-    q = load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh,
-                           GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD)
-    if DOT_UPCAST:
-        q = q.to(tl.float32)
-    acc, m, l = attend_tokens(
-        q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt, kv_head,
-        0, seq_len, qk_scale, stride_kb, stride_kt, stride_kh,
-        BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
-        k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
-        KV_FORMAT, INT4_GROUPS,
-    )
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty sequence gives zeros, not NaN
-    offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    heads = kv_head * GROUP + offs_g
-    mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    if seq_len >= 0:
+        q = load_group_queries(q_ptr, b, kv_head, stride_qb, stride_qh,
+                               GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD)
+        if DOT_UPCAST:
+            q = q.to(tl.float32)
+        acc, m, l = attend_tokens(
+            q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
+            kv_head, 0, seq_len, qk_scale, stride_kb, stride_kt, stride_kh,
+            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
+            k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+            KV_FORMAT, INT4_GROUPS,
+        )
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty sequence gives zeros, not NaN
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        heads = kv_head * GROUP + offs_g
+        mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+        ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def unit_last_stride(t: torch.Tensor) -> torch.Tensor:

@@ -200,11 +200,12 @@ def split_kv_kernel(
     With FUSED_MERGE, each program that wrote a chunk adds 1 to its (sequence, KV head)
     counter; the one that sees ``used - 1`` (the last to finish) merges the group's heads and
     resets the counter to 0 for the next launch. An empty sequence is written (zeros) by chunk 0.
+    A row of length ``-1`` (one the value checks rejected) is skipped: nothing read or written.
     """
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     c = tl.program_id(2)
-    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
     used = tl.cdiv(seq_len, chunk_size)  # chunks that hold tokens of this sequence
     start = c * chunk_size
     if start < seq_len:  # chunks past the end of this sequence have nothing to do
@@ -241,7 +242,7 @@ def split_kv_kernel(
                 tl.store(counter, 0)
     else:
         if FUSED_MERGE:
-            if c == 0:  # an empty sequence (c == 0 is past its end): zeros
+            if (c == 0) & (seq_len == 0):  # an empty sequence (c == 0 is past its end): zeros
                 for g in tl.static_range(GROUP):
                     merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
                                stride_ob, stride_oh, num_q_heads, num_chunks,
@@ -254,12 +255,14 @@ def merge_kernel(
     stride_ob, stride_oh, num_q_heads, num_chunks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
-    """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`)."""
+    """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`);
+    a row of length ``-1`` (rejected by the value checks) is left as it is."""
     b = tl.program_id(0)
-    seq_len = tl.maximum(tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len), 0)
-    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
-               tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
-               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
+    if seq_len >= 0:
+        merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
+                   tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
+                   HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @dataclass

@@ -40,6 +40,23 @@ def test_kernel_counts_what_numpy_counts(seed, batch, width, strided):
     assert triton_checks.length_stats(*args) == numpy_stats(*args)
 
 
+def numpy_checked_lens(table, lens, block_size, num_blocks):
+    """What the kernel writes to ``checked_lens``: the length, or -1 for a row failing a check."""
+    table, lens = table.numpy().astype(np.int64), lens.numpy().astype(np.int64)
+    used = np.arange(table.shape[1])[None, :] * block_size < lens[:, None]
+    bad = (used & ((table < 0) | (table >= num_blocks))).any(axis=1)
+    ok = ~bad & (lens >= 0) & (lens <= table.shape[1] * block_size)
+    return np.where(ok, lens, -1)
+
+
+@pytest.mark.parametrize("seed, batch, width", CASES)
+def test_checked_lens_mark_each_failing_row(seed, batch, width):
+    table, lens, bs, nb = random_case(seed, batch, width, strided=seed % 2 == 1)
+    got = triton_checks.start_checks(table, lens, bs, nb).checked_lens
+    assert got.dtype == torch.int32
+    np.testing.assert_array_equal(got.numpy(), numpy_checked_lens(table, lens, bs, nb))
+
+
 def test_an_entry_just_past_the_last_used_block_is_not_checked():
     """Length 8 with blocks of 4 uses entries 0 and 1: garbage in entry 2 is fine, in 1 not."""
     table = torch.tensor([[0, 1, -7]], dtype=torch.int32)
@@ -54,6 +71,9 @@ MUTATIONS = [
      "first_token[None, :] <= lens[:, None]"),
     ("negative ids not bad", "(ids < 0) | (ids >= num_blocks)", "(ids >= num_blocks)"),
     ("padded rows counted in the minimum", "tl.where(r_mask, lens, big)", "lens"),
+    ("a row with a bad entry passes", "(tl.sum(bad, axis=1) == 0) & ", ""),
+    ("a row past the table's capacity passes", " & (lens <= capacity)", ""),
+    ("a negative row passes", " & (lens >= 0)", ""),
 ]
 
 
@@ -69,4 +89,6 @@ def test_planted_mistakes_are_caught(desc, old, new, tmp_path):
     cases = [random_case(seed, b, w) for seed, b, w in CASES]
     cases.append((torch.tensor([[0, 1, -7]], dtype=torch.int32),
                   torch.tensor([8], dtype=torch.int32), 4, 2))
-    assert any(mutant.length_stats(*c) != numpy_stats(*c) for c in cases), desc
+    assert any(mutant.length_stats(*c) != numpy_stats(*c)
+               or (mutant.start_checks(*c).checked_lens.numpy() != numpy_checked_lens(*c)).any()
+               for c in cases), desc

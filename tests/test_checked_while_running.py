@@ -1,0 +1,126 @@
+"""The unplanned call's GPU path, :func:`paged_ref.attention.checked_while_running`, run here in
+Triton's interpreter (on a GPU ``paged_attention`` takes it for every Triton backend;
+tests/test_gpu.py checks that there).
+
+The check kernel writes ``checked_lens`` (``-1`` for a row that failed a check) and the
+attention kernels, queued right behind it, skip such rows: nothing of theirs is read (their
+table entries may point anywhere) and their output rows are left as they were. Rows that passed
+are right; the call then raises the same named error as the checks done first would.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_ref.attention import checked_while_running
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.kernels.triton_checks import start_checks
+from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
+from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_ref.validation import check_shapes, check_values
+
+SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
+LENS = [9, 0, 23, 14]
+SENTINEL = 7.25
+
+
+def inputs(seed=0):
+    return make_paged_inputs(LENS, seed=seed, **SHAPE)
+
+
+def spoil(inp, how):
+    """Make row 2 fail a check; returns the error text the checks give."""
+    if how == "bad entry":
+        inp.block_tables[2, 3] = 10**6
+        return r"block_tables\[2, 3\] = 1000000"
+    if how == "negative length":
+        inp.seq_lens[2] = -3
+        return r"seq_lens\[2\] = -3 is negative"
+    inp.seq_lens[2] = inp.block_tables.shape[1] * inp.k_cache.shape[1] + 1
+    return r"seq_lens\[2\] = \d+ needs more blocks"
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_split"])
+def test_valid_inputs_give_the_reference(backend):
+    inp = inputs()
+    shapes = check_shapes(*inp.args())
+    out = checked_while_running(backend, shapes, *inp.args(), None, None)
+    assert_close(out, inp.reference())
+
+
+@pytest.mark.parametrize("how", ["bad entry", "negative length", "too long"])
+@pytest.mark.parametrize("backend", ["triton", "triton_split"])
+def test_a_failed_check_raises_the_named_error_and_skips_only_that_row(backend, how):
+    inp = inputs(seed=1)
+    want = inp.reference()
+    match = spoil(inp, how)
+    with pytest.raises(ValueError, match=match):  # the same message as checking first
+        check_values(inp.block_tables, inp.seq_lens, check_shapes(*inp.args()))
+    out = torch.full_like(inp.q, SENTINEL)
+    with pytest.raises(ValueError, match=match):
+        checked_while_running(backend, check_shapes(*inp.args()), *inp.args(), None, out)
+    assert (out[2] == SENTINEL).all(), "the failing row was written"
+    keep = [0, 1, 3]
+    assert_close(out[keep], want[keep])
+
+
+@pytest.mark.parametrize("runner", ["one pass", "split + merge kernel", "split, fused merge"])
+def test_kernels_skip_a_row_of_length_minus_one(runner):
+    """Row 2's table points far outside the pool: a kernel that read it would crash or
+    return garbage; skipped, its output keeps the sentinel."""
+    inp = inputs(seed=2)
+    want = inp.reference()
+    inp.block_tables[2] = 10**6
+    lens = inp.seq_lens.clone()
+    lens[2] = -1
+    out = torch.full_like(inp.q, SENTINEL)
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_tables, lens)
+    if runner == "one pass":
+        paged_attention_triton(*args, config=KernelConfig(tile=16), out=out)
+    else:
+        plan = SplitPlan(8, 4, fused_merge=runner.endswith("fused merge"))
+        paged_attention_split(*args, plan=plan, config=KernelConfig(tile=16), out=out)
+    assert (out[2] == SENTINEL).all()
+    assert_close(out[[0, 1, 3]], want[[0, 1, 3]])
+
+
+def test_pending_checks_on_the_cpu_need_no_event():
+    inp = inputs()
+    pending = start_checks(inp.block_tables, inp.seq_lens, SHAPE["block_size"],
+                           inp.k_cache.shape[0])
+    assert pending.done is None
+    assert pending.stats() == (0, max(LENS), sum(LENS), 0)
+    assert pending.checked_lens.tolist() == LENS
+
+
+KERNEL_MUTATIONS = [  # (module, line as written, planted mistake, runner)
+    ("triton_decode", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "one pass"),
+    ("triton_split", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "split + merge kernel"),
+    ("triton_split", "if (c == 0) & (seq_len == 0):", "if c == 0:", "split, fused merge"),
+]
+
+
+@pytest.mark.parametrize("module, old, new, runner", KERNEL_MUTATIONS,
+                         ids=[m[3] for m in KERNEL_MUTATIONS])
+def test_planted_mistakes_in_the_skip_are_caught(module, old, new, runner, tmp_path,
+                                                 monkeypatch):
+    """A kernel that treats a rejected row (-1) as empty writes zeros over it: caught."""
+    import importlib.util
+    import sys
+
+    from paged_ref import kernels
+
+    source = open(f"{kernels.__path__[0]}/{module}.py").read()
+    assert source.count(old) == 1, (module, old)
+    path = tmp_path / f"mutant_{module}.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(f"mutant_{module}", path)
+    mutant = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mutant)  # (its dataclasses look it up)
+    spec.loader.exec_module(mutant)
+    name = "paged_attention_triton" if module == "triton_decode" else "paged_attention_split"
+    monkeypatch.setitem(globals(), name, getattr(mutant, name))
+    with pytest.raises(AssertionError):
+        test_kernels_skip_a_row_of_length_minus_one(runner)
