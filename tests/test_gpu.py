@@ -240,7 +240,7 @@ def test_gpu_unplanned_bad_row_is_skipped_and_named(backend, how):
     want = inp.reference()
     match = spoil(inp, how)
     if how == "bad entry":
-        inp.block_tables[2, 3:] = 2**31 - 1
+        inp.block_tables[2, 4:] = 2**31 - 1  # (the message names the first: [2, 3])
     out = torch.full_like(inp.q, SENTINEL)
     with pytest.raises(ValueError, match=match):
         paged_ref.paged_attention(*inp.args(), backend=backend, out=out)
