@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_ref.kernels.launch import launch
+
 ROWS = 16  # sequences per program
 COLS = 128  # table entries per step of a program's loop
 
@@ -97,7 +99,8 @@ def start_checks(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
     device = seq_lens.device
     stats = torch.empty(programs, 4, dtype=torch.int64, device=device)
     checked_lens = torch.empty(batch, dtype=torch.int32, device=device)
-    check_values_kernel[(programs,)](
+    launch(
+        check_values_kernel, (programs,),
         stats, checked_lens, block_tables, seq_lens, batch, width, block_tables.stride(0),
         block_tables.stride(1), seq_lens.stride(0), block_size, num_blocks, ROWS=ROWS, COLS=COLS,
     )

@@ -25,6 +25,7 @@ entry past the ones the checks saw.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ from paged_ref.kernels.kv_formats import (
     kv_format_code,
     kv_kernel_args,
 )
+from paged_ref.kernels.launch import launch
 from paged_ref.validation import check_out
 
 LOG2E = 1.4426950408889634
@@ -230,18 +232,23 @@ def prepare_out(out: torch.Tensor | None, q: torch.Tensor, k_cache) -> tuple[tor
 
 def launch_constants(q: torch.Tensor, k_cache, scale: float | None) -> dict:
     """Compile-time sizes shared by the one-pass and split kernels (``k_cache`` a tensor or a
-    :class:`~paged_ref.QuantizedKV`)."""
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    :class:`~paged_ref.QuantizedKV`), plus ``qk_scale``. A new dict each call (callers pop
+    from it); worked out once per combination of sizes (a hot call's host time counts)."""
+    return dict(_launch_constants(q.dtype, q.shape[1], q.shape[2], k_cache.shape[1],
+                                  k_cache.shape[2], scale, not isinstance(k_cache, torch.Tensor)))
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_constants(q_dtype, num_q_heads, head_dim, block_size, num_kv_heads, scale,
+                      quantized) -> dict:
     group = num_q_heads // num_kv_heads
     scale = default_scale(head_dim, scale)
     # Triton 3.6's interpreter gives garbage for tl.dot on bfloat16 operands: there, and only
     # there, the kernels multiply in float32 (the loads and the bytes moved stay bfloat16).
     # De-quantised values are float16 for the dots, float32 with a float32 q or in the
     # interpreter.
-    quantized = not isinstance(k_cache, torch.Tensor)
-    upcast = (_device.INTERPRET and q.dtype == torch.bfloat16) or (
-        quantized and (_device.INTERPRET or q.dtype == torch.float32))
+    upcast = (_device.INTERPRET and q_dtype == torch.bfloat16) or (
+        quantized and (_device.INTERPRET or q_dtype == torch.float32))
     return dict(
         qk_scale=scale * LOG2E,
         BLOCK_SIZE=block_size,
@@ -250,7 +257,7 @@ def launch_constants(q: torch.Tensor, k_cache, scale: float | None) -> dict:
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         # fp32 caches: exact fp32 products (the default, tf32, would miss 1e-5)
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
+        DOT_PRECISION="ieee" if q_dtype == torch.float32 or upcast else "tf32",
         DOT_UPCAST=upcast,
     )
 
@@ -284,7 +291,8 @@ def paged_attention_triton(
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     consts = launch_constants(q, k_cache, scale)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
-    paged_decode_kernel[(batch, num_kv_heads)](
+    launch(
+        paged_decode_kernel, (batch, num_kv_heads),
         out, q, k_data, v_data, block_tables, seq_lens, consts.pop("qk_scale"), max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,

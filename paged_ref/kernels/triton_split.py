@@ -29,6 +29,7 @@ import triton.language as tl
 
 from paged_ref.cache_math import split_chunks
 from paged_ref.kernels.kv_formats import kv_kernel_args
+from paged_ref.kernels.launch import launch
 from paged_ref.kernels.triton_decode import (
     KernelConfig,
     attend_tokens,
@@ -339,7 +340,8 @@ def paged_attention_split(
                                         q.device)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     fused = plan.fused_merge or (plan.eager_fused_merge and not capturing(q))
-    split_kv_kernel[(batch, num_kv_heads, plan.num_chunks)](
+    launch(
+        split_kv_kernel, (batch, num_kv_heads, plan.num_chunks),
         scratch.part_out, scratch.part_lse, scratch.counters, out,
         q, k_data, v_data, block_tables, seq_lens, qk_scale, plan.chunk_size, max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -349,7 +351,8 @@ def paged_attention_split(
         FUSED_MERGE=fused, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
     )
     if not fused:
-        merge_kernel[(batch, num_q_heads)](
+        launch(
+            merge_kernel, (batch, num_q_heads),
             out, scratch.part_out, scratch.part_lse, seq_lens, plan.chunk_size, max_seq_len,
             out.stride(0), out.stride(1), num_q_heads, plan.num_chunks,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],

@@ -10,7 +10,9 @@ A planned call on B4_L2048 is bound by the host: its GPU work takes ~0.014-0.03 
   kernel's launcher called directly (``CompiledKernel.run`` with pre-bound arguments);
 * FlashInfer's ``run()`` when it is installed;
 
-and writes a cProfile of 2,000 planned calls. Run on a GPU from the repository root:
+the GPU time (``time_ms``: L2 flushed, as every ``ms`` of the course) of the planned call, the
+direct launch (little host time, so the pure GPU time) and FlashInfer; and writes a cProfile of
+2,000 planned calls. Run on a GPU from the repository root:
 
     OUT=/tmp/out python3 tools/gpu/launch_probe.py
 
@@ -31,7 +33,7 @@ import paged_ref
 from paged_ref.course.bench import SHAPE
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import cpu_us_per_call
+from paged_ref.course.timing import cpu_us_per_call, time_ms
 from paged_ref.kernels import triton_split
 from paged_ref.kernels.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton_decode import default_config, launch_constants
@@ -93,7 +95,15 @@ def main() -> int:
         print(f"{name:14s} {result['host_us'][name]:7.1f} us", flush=True)
     raw_launch()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, inp.reference().to(out.dtype), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out, inp.reference().to(out.device, out.dtype), rtol=2e-2, atol=2e-2)
+    from paged_ref.course.bench import flashinfer_runners
+
+    timed = {"planned_call": steps["planned_call"], "compiled_run": raw_launch,
+             **{label: run for label, (_, _, run) in flashinfer_runners(inp).items()}}
+    result["gpu_ms"] = {}
+    for name, fn in timed.items():
+        result["gpu_ms"][name] = [time_ms(fn) for _ in range(3)]
+        print(f"{name:22s} {result['gpu_ms'][name]} ms", flush=True)
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(2000):
