@@ -7,7 +7,7 @@ into chunks of ``chunk_size`` tokens and runs one program per (sequence, KV head
 * stage 1 (:func:`split_kv_kernel`): each program runs the online softmax of
   :func:`paged_ref.kernels.triton_decode.attend_tokens` over its chunk and writes the
   normalised partial output ``o_c`` and its log-sum-exp ``lse_c`` (log2 units);
-* stage 2 (:func:`merge_head`): ``out = sum_c w_c o_c`` with
+* stage 2 (:func:`merge_heads`): ``out = sum_c w_c o_c`` with
   ``w_c = 2^(lse_c - lse)``, ``lse = log2(sum_c 2^lse_c)``; done by a second kernel
   (:func:`merge_kernel`), or, with ``SplitPlan(fused_merge=True)``, inside the split kernel
   by the last program of each (sequence, KV head) to finish (an atomic counter): one launch.
@@ -48,8 +48,12 @@ PROGRAMS_PER_SM = 4
 IMBALANCE = 1.5
 #: Never split finer than this many tokens: each chunk costs a partial write and a merge read.
 MIN_CHUNK = 256
-#: Chunks merged per step of :func:`merge_head`.
+#: Chunks merged per step of :func:`merge_heads` (the merge kernel's; see fused_chunk_tile).
 CHUNK_TILE = 16
+#: The fused merge holds [GQA group, chunks, head_dim] partials in registers at once: at most
+#: this many values (64 float32 registers a thread at 4 warps), so big groups take fewer chunks
+#: a step.
+MERGE_TILE_ELEMENTS = 8192
 #: Plans with at most this many chunks merge inside the split kernel (one launch). 0: never.
 #: Measured on an H200 (benchmarks/h200/bench.json, 2026-11-30, fused for B4_L2048, B8_L32768,
 #: B32_ragged): slower than the separate merge kernel of the previous run (chunks.json) on each:
@@ -139,44 +143,47 @@ def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) ->
 
 
 @triton.jit
-def merge_head(
-    out_ptr, part_out_ptr, part_lse_ptr, b, h, used, stride_ob, stride_oh, num_q_heads,
-    num_chunks, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
+def merge_heads(
+    out_ptr, part_out_ptr, part_lse_ptr, b, head0, num_heads, used, stride_ob, stride_oh,
+    num_q_heads, num_chunks, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
-    """out[b, h] = sum_c 2^(lse_c - lse) o_c over chunks c < ``used`` (zeros when none).
+    """out[b, h] = sum_c 2^(lse_c - lse) o_c over chunks c < ``used`` (zeros when none), for
+    the ``num_heads`` heads ``head0, head0 + 1, ...`` at once (``HEADS`` >= num_heads, a power
+    of 2: the fused merge does a whole GQA group, the merge kernel one head).
 
-    Two passes over the chunks, CHUNK_TILE at a time: the largest lse, then the weighted sum
-    (weights relative to the largest, so 2^x never overflows; all ``-inf`` adds nothing).
+    One pass over the chunks, CHUNK_TILE at a time, with a running max (as the online softmax
+    does; all ``-inf`` adds nothing): each step loads the log-sum-exps and the partials together,
+    so a plan of up to CHUNK_TILE chunks waits for memory once, not once per head and pass.
     Partials are loaded with ``.cg`` (L2, not L1): other programs wrote them.
     """
+    offs_h = tl.arange(0, HEADS)
     offs_c = tl.arange(0, CHUNK_TILE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
+    h_mask = offs_h < num_heads
     d_mask = offs_d < HEAD_DIM
-    row = (b * num_q_heads + h) * num_chunks
-    lane_max = tl.full([CHUNK_TILE], float("-inf"), dtype=tl.float32)
+    rows = (b * num_q_heads + head0 + offs_h) * num_chunks  # [HEADS] first chunk of each head
+    m = tl.full([HEADS], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([HEADS], dtype=tl.float32)
+    acc = tl.zeros([HEADS, HEAD_DIM_PAD], dtype=tl.float32)
     for c0 in range(0, used, CHUNK_TILE):
-        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c0 + offs_c < used,
-                      other=float("-inf"), cache_modifier=".cg")
-        lane_max = tl.maximum(lane_max, lse)
-    lse_max = tl.max(lane_max, axis=0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    total = tl.zeros([CHUNK_TILE], dtype=tl.float32)
-    acc = tl.zeros([CHUNK_TILE, HEAD_DIM_PAD], dtype=tl.float32)
-    for c0 in range(0, used, CHUNK_TILE):
-        c_mask = c0 + offs_c < used
-        lse = tl.load(part_lse_ptr + row + c0 + offs_c, mask=c_mask, other=float("-inf"),
+        hc_mask = h_mask[:, None] & (c0 + offs_c < used)[None, :]
+        chunk = rows[:, None] + c0 + offs_c[None, :]  # [HEADS, CHUNK_TILE]
+        lse = tl.load(part_lse_ptr + chunk, mask=hc_mask, other=float("-inf"),
                       cache_modifier=".cg")
-        w = tl.where(c_mask, tl.exp2(lse - lse_max), 0.0)
-        parts = tl.load(
-            part_out_ptr + (row + c0 + offs_c)[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :],
-            mask=c_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
-        )
-        acc += parts * w[:, None]
-        total += w
-    denom = tl.sum(total, axis=0)
-    out = tl.sum(acc, axis=0) / tl.where(denom > 0, denom, 1.0)  # empty sequence -> zeros
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
+        parts = tl.load(part_out_ptr + chunk[:, :, None].to(tl.int64) * HEAD_DIM
+                        + offs_d[None, None, :], mask=hc_mask[:, :, None]
+                        & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse - m_safe[:, None])  # 0 where lse is -inf (masked or empty chunks)
+        acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], axis=1)
+        total = total * alpha + tl.sum(w, axis=1)
+        m = m_new
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]  # empty sequence -> zeros
+    ptrs = out_ptr + b * stride_ob + (head0 + offs_h)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -193,7 +200,7 @@ def split_kv_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, CHUNK_TILE: tl.constexpr, GROUP_P2: tl.constexpr,
     KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence.
@@ -236,18 +243,16 @@ def split_kv_kernel(
             counter = counter_ptr + b * tl.num_programs(1) + kv_head
             done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == used - 1:  # the last chunk of this group to finish: merge
-                for g in tl.static_range(GROUP):
-                    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g,
-                               used, stride_ob, stride_oh, num_q_heads, num_chunks,
-                               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+                merge_heads(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP, GROUP,
+                            used, stride_ob, stride_oh, num_q_heads, num_chunks,
+                            GROUP_P2, HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
                 tl.store(counter, 0)
     else:
         if FUSED_MERGE:
             if (c == 0) & (seq_len == 0):  # an empty sequence (c == 0 is past its end): zeros
-                for g in tl.static_range(GROUP):
-                    merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP + g, 0,
-                               stride_ob, stride_oh, num_q_heads, num_chunks,
-                               HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+                merge_heads(out_ptr, part_out_ptr, part_lse_ptr, b, kv_head * GROUP, GROUP, 0,
+                            stride_ob, stride_oh, num_q_heads, num_chunks,
+                            GROUP_P2, HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @triton.jit
@@ -256,14 +261,14 @@ def merge_kernel(
     stride_ob, stride_oh, num_q_heads, num_chunks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
-    """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_head`);
+    """Grid (batch, num_q_heads): out[b, h] from the chunks of sequence b (:func:`merge_heads`);
     a row of length ``-1`` (rejected by the value checks) is left as it is."""
     b = tl.program_id(0)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_seq_len)
     if seq_len >= 0:
-        merge_head(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1),
-                   tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
-                   HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
+        merge_heads(out_ptr, part_out_ptr, part_lse_ptr, b, tl.program_id(1), 1,
+                    tl.cdiv(seq_len, chunk_size), stride_ob, stride_oh, num_q_heads, num_chunks,
+                    1, HEAD_DIM, HEAD_DIM_PAD, CHUNK_TILE)
 
 
 @dataclass
@@ -287,6 +292,12 @@ class SplitScratch:
             if plan.fused_merge or plan.eager_fused_merge
             else torch.empty(1, dtype=torch.int32, device=device),
         )
+
+
+def fused_chunk_tile(heads: int, head_dim_pad: int) -> int:
+    """Chunks a step of the fused merge of ``heads`` (a power of 2) heads: CHUNK_TILE, fewer
+    when ``heads x chunks x head_dim_pad`` would pass ``MERGE_TILE_ELEMENTS``."""
+    return max(1, min(CHUNK_TILE, MERGE_TILE_ELEMENTS // (heads * head_dim_pad)))
 
 
 def capturing(t: torch.Tensor) -> bool:
@@ -340,6 +351,7 @@ def paged_attention_split(
                                         q.device)
     (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
     fused = plan.fused_merge or (plan.eager_fused_merge and not capturing(q))
+    group_p2 = triton.next_power_of_2(consts["GROUP"])
     launch(
         split_kv_kernel, (batch, num_kv_heads, plan.num_chunks),
         scratch.part_out, scratch.part_lse, scratch.counters, out,
@@ -348,7 +360,8 @@ def paged_attention_split(
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         num_q_heads, plan.num_chunks,
         TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
-        FUSED_MERGE=fused, CHUNK_TILE=CHUNK_TILE, **consts, **formats,
+        FUSED_MERGE=fused, CHUNK_TILE=fused_chunk_tile(group_p2, consts["HEAD_DIM_PAD"]),
+        GROUP_P2=group_p2, **consts, **formats,
     )
     if not fused:
         launch(

@@ -23,16 +23,20 @@ CHUNKINGS = [
     ([1, 2, 3], 4, 64, 80, (8, 8), torch.float32),  # every sequence shorter than one chunk
     ([33, 64, 65], 1, 32, 96, (16, 2), torch.bfloat16),  # block size 1, exact multiples
     ([70, 17], 32, 24, 128, (8, 1), torch.float16),  # chunks straddle blocks
+    # 23 chunks, a group of 16: the merges take several steps (merge kernel 16 chunks a step,
+    # the fused merge fused_chunk_tile(16, 128) = 4), carrying a running max between them
+    ([90, 7], 8, 4, 128, (16, 1), torch.float32),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CHUNKINGS)))
 @pytest.mark.parametrize("poison", ["large", "nan"])
-def test_split_matches_reference_for_any_chunking(case, poison):
+@pytest.mark.parametrize("fused", [False, True], ids=["merge kernel", "fused merge"])
+def test_split_matches_reference_for_any_chunking(case, poison, fused):
     lens, bs, chunk, d, (hq, hkv), dtype = CHUNKINGS[case]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device=DEVICE, seed=10 + case, poison=poison)
-    plan = SplitPlan(chunk_size=chunk, num_chunks=math.ceil(max(lens) / chunk))
+    plan = SplitPlan(chunk_size=chunk, num_chunks=math.ceil(max(lens) / chunk), fused_merge=fused)
     out = paged_attention_split(*inp.args(), plan=plan, config=KernelConfig(tile=16))
     assert out.dtype == inp.q.dtype and out.shape == inp.q.shape
     assert_close(out, inp.reference(), name=f"chunking {case}")
@@ -131,3 +135,45 @@ def test_plan_cuts_a_ragged_batch_finer_than_a_uniform_one():
     uniform = _plan([8192] * 32)
     ragged = _plan([16384] + [7936] * 31)  # about the same total, one long sequence
     assert ragged.chunk_size < uniform.chunk_size
+
+
+MERGE_MUTATIONS = [  # planted mistakes in merge_heads, each must make a multi-step merge wrong
+    ("running sum not rescaled", "total = total * alpha + tl.sum(w, axis=1)",
+     "total = total + tl.sum(w, axis=1)"),
+    ("partials not rescaled", "acc = acc * alpha[:, None] + ", "acc = acc + "),
+    ("chunks past the sequence merged", "(c0 + offs_c < used)[None, :]",
+     "(c0 + offs_c < num_chunks)[None, :]"),
+]
+
+
+def _multi_step_merge_is_right(module, fused: bool) -> bool:
+    lens, bs, chunk, d, (hq, hkv), dtype = CHUNKINGS[-1]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device=DEVICE, seed=5)
+    plan = module.SplitPlan(chunk, math.ceil(max(lens) / chunk), fused_merge=fused)
+    scratch = module.SplitScratch.allocate(len(lens), hq, hkv, d, plan, DEVICE)
+    scratch.part_out.fill_(3.0)  # stale partials from an earlier launch
+    scratch.part_lse.fill_(1.0)
+    out = module.paged_attention_split(*inp.args(), plan=plan, scratch=scratch,
+                                       config=KernelConfig(tile=16))
+    return torch.allclose(out.double(), inp.reference(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["merge kernel", "fused merge"])
+@pytest.mark.parametrize("desc, old, new", MERGE_MUTATIONS, ids=[m[0] for m in MERGE_MUTATIONS])
+def test_planted_mistakes_in_the_merge_are_caught(desc, old, new, fused, tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    from paged_ref.kernels import triton_split
+
+    assert _multi_step_merge_is_right(triton_split, fused)
+    source = open(triton_split.__file__).read()
+    assert source.count(old) == 1, desc
+    path = tmp_path / "mutant_split.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("mutant_split", path)
+    mutant = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mutant)  # (its dataclasses look it up)
+    spec.loader.exec_module(mutant)
+    assert not _multi_step_merge_is_right(mutant, fused), desc
