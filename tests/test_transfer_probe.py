@@ -21,8 +21,8 @@ def test_copy_kernel_matches_index_select_and_index_copy():
 
 def test_copy_kernel_check_catches_a_kernel_that_ignores_the_index(monkeypatch):
     right = probe.copy_rows
-    monkeypatch.setattr(probe, "copy_rows", lambda src, dst, index, programs, gather: right(
-        src, dst, torch.arange(len(index)), programs, gather))  # rows 0, 1, ... not index
+    monkeypatch.setattr(probe, "copy_rows", lambda src, dst, index, *args, **kw: right(
+        src, dst, torch.arange(len(index)), *args, **kw))  # rows 0, 1, ... not index
     with pytest.raises(AssertionError, match="gather"):
         probe.check_copy_kernels(torch.device("cpu"), programs=(2,))
 
@@ -62,7 +62,7 @@ def test_cpu_smoke_run_writes_checked_rows(tmp_path):
         assert r["pct_peer_copy_bw"] == pytest.approx(100 * r["gbps"] / data["peer_copy_gbps"])
     assert sum(r["checked"] for r in data["results"]) >= 8  # the data were compared
     assert {k["method"] for k in data["copy_kernels"] if "ms" in k} == {
-        "index_select", "index_copy", "index_put", "triton2"}
+        "index_select", "index_copy", "index_put", "triton2x1", "triton2x2", "triton2x4"}
     for rank in ("rank0", "rank1"):
         prof = data["profile_v0"][rank]
         assert prof["by_class"]["nccl"]["count"] >= 4  # gloo's send / recv ops on a CPU

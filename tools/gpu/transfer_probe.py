@@ -77,36 +77,39 @@ CPU_SHAPE = dict(num_layers=6, num_kv_heads=2, head_dim=8, block_size=4, dtype=t
 # ---------------------------------------------------------------- the SM-limited copy kernel
 @triton.jit
 def copy_rows_kernel(src_ptr, dst_ptr, index_ptr, num_rows, ROW: tl.constexpr,
-                     BLOCK: tl.constexpr, GATHER: tl.constexpr):
-    """Persistent grid of P programs: program p copies rows p, p + P, p + 2P, ... Rows are
-    ``ROW`` int32 words. ``GATHER``: ``dst[r] = src[index[r]]``, else ``dst[index[r]] = src[r]``."""
+                     BLOCK: tl.constexpr, ROWS: tl.constexpr, GATHER: tl.constexpr):
+    """Persistent grid of P programs: program p copies the groups of ``ROWS`` rows p, p + P,
+    p + 2P, ... (all their loads in flight at once). Rows are ``ROW`` int32 words. ``GATHER``:
+    ``dst[r] = src[index[r]]``, else ``dst[index[r]] = src[r]``."""
     offs = tl.arange(0, BLOCK)
-    for r in range(tl.program_id(0), num_rows, tl.num_programs(0)):
-        j = tl.load(index_ptr + r).to(tl.int64)
-        r64 = tl.cast(r, tl.int64)
+    for group in range(tl.program_id(0), tl.cdiv(num_rows, ROWS), tl.num_programs(0)):
+        r = group * ROWS + tl.arange(0, ROWS)
+        live = r < num_rows
+        j = tl.load(index_ptr + r, mask=live, other=0).to(tl.int64)
         if GATHER:
             src_row = j
-            dst_row = r64
+            dst_row = r.to(tl.int64)
         else:
-            src_row = r64
+            src_row = r.to(tl.int64)
             dst_row = j
         for c in tl.static_range(0, ROW, BLOCK):
-            mask = c + offs < ROW
-            x = tl.load(src_ptr + src_row * ROW + c + offs, mask=mask)
-            tl.store(dst_ptr + dst_row * ROW + c + offs, x, mask=mask)
+            cols = c + offs
+            mask = live[:, None] & (cols < ROW)[None, :]
+            x = tl.load(src_ptr + src_row[:, None] * ROW + cols[None, :], mask=mask)
+            tl.store(dst_ptr + dst_row[:, None] * ROW + cols[None, :], x, mask=mask)
 
 
 def copy_rows(src: torch.Tensor, dst: torch.Tensor, index: torch.Tensor, programs: int,
-              gather: bool) -> None:
-    """Whole-row copy by :func:`copy_rows_kernel` on at most ``programs`` programs (SMs).
-    ``src`` / ``dst``: contiguous ``[rows, row]`` (any dtype; moved as int32 words);
-    ``index``: int64 ``[n]``. gather: ``dst[r] = src[index[r]]``; else
-    ``dst[index[r]] = src[r]``."""
+              gather: bool, rows: int = 2) -> None:
+    """Whole-row copy by :func:`copy_rows_kernel` on at most ``programs`` programs (SMs),
+    ``rows`` rows (a power of two) at a time each. ``src`` / ``dst``: contiguous
+    ``[rows, row]`` (any dtype; moved as int32 words); ``index``: int64 ``[n]``.
+    gather: ``dst[r] = src[index[r]]``; else ``dst[index[r]] = src[r]``."""
     words = src.shape[1] * src.element_size() // 4
-    block = min(triton.next_power_of_2(words), 8192)
-    grid = (max(1, min(programs, len(index))),)
+    block = min(triton.next_power_of_2(words), 16384 // rows)
+    grid = (max(1, min(programs, triton.cdiv(len(index), rows))),)
     copy_rows_kernel[grid](src.view(torch.int32), dst.view(torch.int32), index, len(index),
-                           ROW=words, BLOCK=block, GATHER=gather,
+                           ROW=words, BLOCK=block, ROWS=rows, GATHER=gather,
                            num_warps=16 if src.is_cuda else 4)
 
 
@@ -219,9 +222,7 @@ def main_variants(programs: list[int], gpu: bool) -> list[Variant]:
           Variant("raw_chunked+prealloc", gather="none", scatter="none", prealloc=True,
                   checked=False)]
     if gpu:
-        vs += [Variant("V1_high_priority", library=True, group="hp"),
-               Variant("V1_min_ctas32", library=True, group="min_ctas32"),
-               Variant("V1_max_ctas16", library=True, group="max_ctas16")]
+        vs += [Variant("V1_high_priority", library=True, group="hp")]
     vs += [Variant(f"V2_triton{n}", gather=f"triton{n}", scatter=f"triton{n}")
            for n in programs]
     vs += [Variant(f"V2_gather_only_{t}", gather=t),
@@ -233,7 +234,10 @@ def main_variants(programs: list[int], gpu: bool) -> list[Variant]:
     if gpu:
         vs += [Variant("V1+V3_high_priority+prealloc", prealloc=True, group="hp"),
                Variant(f"V1+V2+V3_high_priority+{t}+prealloc", gather=t, scatter=t,
-                       prealloc=True, group="hp")]
+                       prealloc=True, group="hp"),
+               # last: communicators with CTA bounds (new NCCL configs: the likeliest to fail)
+               Variant("V1_min_ctas32", library=True, group="min_ctas32"),
+               Variant("V1_max_ctas16", library=True, group="max_ctas16")]
     return vs
 
 
@@ -286,7 +290,8 @@ def make_pool(shape: dict, prompt: int, device, seed: int):
                          shape["head_dim"], dtype=shape["dtype"], device=device)
     manager = KVCacheManager(num_blocks, bs)
     gen = torch.Generator(device=device).manual_seed(seed)
-    cache.kv.normal_(generator=gen)
+    for t in cache.k_caches + cache.v_caches:
+        t.normal_(generator=gen)
     manager.add_sequence("filler", 0)
     manager.add_sequence("req", 0)
     for _ in range(prompt):
@@ -404,6 +409,40 @@ def make_groups(names, gpu: bool, errors: list) -> dict:
     return groups
 
 
+def fixed_costs(side: Side, reps: int) -> dict:
+    """What every transfer pays whatever its size: a two-int64 message there and back (the
+    header and the answer), and on the receiver the host work before its answer (the manager's
+    ``add_sequence`` and ``_block_index`` of the block table). Median ms."""
+    word = torch.zeros(2, dtype=torch.int64, device=side.device)
+    ping = []
+    for _ in range(reps + 2):
+        _barrier(side.device)
+        t0 = time.perf_counter()
+        if side.rank == 0:
+            dist.send(word, 1)
+            dist.recv(word, 1)
+        else:
+            dist.recv(word, 0)
+            dist.send(word, 0)
+        _sync(side.device)
+        ping.append((time.perf_counter() - t0) * 1e3)
+    out = {"prompt_tokens": side.prompt, "round_trip_ms": statistics.median(ping[2:])}
+    if side.rank == 1:
+        add, index = [], []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            side.manager.add_sequence("req2", side.prompt)
+            t1 = time.perf_counter()
+            _block_index(side.cache, side.manager.block_table("req2"))
+            _sync(side.device)
+            index.append((time.perf_counter() - t1) * 1e3)
+            add.append((t1 - t0) * 1e3)
+            side.manager.free_sequence("req2")
+        out.update(add_sequence_ms=statistics.median(add[1:]),
+                   block_index_ms=statistics.median(index[1:]))
+    return out
+
+
 def raw_sendrecv_gbps(rank, device, num_bytes, reps, group=None) -> float:
     """One contiguous buffer, ``dist.send`` / ``recv``: the transport's ceiling (GB/s)."""
     big = torch.empty(num_bytes, dtype=torch.uint8, device=device)
@@ -431,9 +470,13 @@ def copy_kernel_rows(side: Side, programs: list[int], reps: int) -> list[dict]:
     methods = [("gather", "index_select", lambda: gather_index_select(pool, rows, buf)),
                ("scatter", "index_copy", lambda: scatter_index_copy(pool, rows, buf)),
                ("scatter", "index_put", lambda: scatter_index_put(pool, rows, buf))]
-    for n in programs:
-        methods += [("gather", f"triton{n}", lambda n=n: copy_rows(pool, buf, rows, n, True)),
-                    ("scatter", f"triton{n}", lambda n=n: copy_rows(buf, pool, rows, n, False))]
+    for n in programs:  # (the transfers use 2 rows at a time)
+        for k in (1, 2, 4):
+            methods += [
+                ("gather", f"triton{n}x{k}", lambda n=n, k=k: copy_rows(pool, buf, rows, n, True,
+                                                                        k)),
+                ("scatter", f"triton{n}x{k}", lambda n=n, k=k: copy_rows(buf, pool, rows, n,
+                                                                         False, k))]
     out = []
     for kind, name, fn in methods:
         try:
@@ -585,14 +628,19 @@ def rank_main(rank: int, out_dir: Path, *, gpu: bool, prompts: list[int], reps: 
         if rank == 1:
             _record(out_dir, rank, "raw", {"variant": label, "bytes": raw_bytes, "gbps": gbps})
             say(f"{label}: {gbps:.0f} GB/s")
+    kernels_checked = False
     for prompt in prompts:
         side = build_side(rank, device, shape, prompt, chunk_bytes, groups)
+        costs = fixed_costs(side, reps)
+        if rank == 1:
+            _record(out_dir, rank, "fixed_costs", costs)
         for v in variants:
             if v.group is not None and v.group not in groups:
                 continue
             try:  # compile and check the copy kernels before any message is in flight
-                if "triton" in v.gather + v.scatter:
+                if "triton" in v.gather + v.scatter and not kernels_checked:
                     check_copy_kernels(device, programs=[4], shape=shape)
+                    kernels_checked = True
                 ready = True
             except Exception as e:
                 ready = False
@@ -636,14 +684,15 @@ def check_copy_kernels(device, programs=(2,), shape=CPU_SHAPE, seed: int = 0) ->
     pool = torch.randn(40, row, generator=gen, device=device).to(shape["dtype"])
     rows = torch.randperm(40, generator=gen, device=device)[:23]
     for n in programs:
-        out = torch.empty(len(rows), row, dtype=pool.dtype, device=device)
-        copy_rows(pool, out, rows, n, gather=True)
-        assert torch.equal(out, torch.index_select(pool, 0, rows)), f"gather, {n} programs"
-        new = torch.randn(len(rows), row, generator=gen, device=device).to(pool.dtype)
-        got, want = pool.clone(), pool.clone()
-        copy_rows(new, got, rows, n, gather=False)
-        want.index_copy_(0, rows, new)
-        assert torch.equal(got, want), f"scatter, {n} programs"
+        for k in (1, 2, 4):
+            out = torch.empty(len(rows), row, dtype=pool.dtype, device=device)
+            copy_rows(pool, out, rows, n, gather=True, rows=k)
+            assert torch.equal(out, torch.index_select(pool, 0, rows)), f"gather, {n}x{k}"
+            new = torch.randn(len(rows), row, generator=gen, device=device).to(pool.dtype)
+            got, want = pool.clone(), pool.clone()
+            copy_rows(new, got, rows, n, gather=False, rows=k)
+            want.index_copy_(0, rows, new)
+            assert torch.equal(got, want), f"scatter, {n}x{k}"
 
 
 def _entry(rank, backend, port, out_dir, env, kwargs):
@@ -687,7 +736,7 @@ def run_pair(backend: str, env: dict, deadline_s: float, **kwargs) -> tuple[list
 
 #: NCCL_DEBUG=INFO lines worth keeping: settings taken from the environment, channel counts.
 NCCL_INFO = re.compile(r"set by environment|p2p channels|[Cc]hunk[Ss]ize|NCCL version|"
-                       r"CE memcpy|P2P/CUMEM|via P2P")
+                       r"Channel 00/.* via ")
 
 
 # ---------------------------------------------------------------------------------- parent
@@ -747,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
               "shape": {**{k: v for k, v in shape.items() if k != "dtype"},
                         "dtype": str(shape["dtype"]).replace("torch.", "")},
               "reps": reps, "programs": programs, "results": [], "raw": [],
-              "copy_kernels": [], "profile_v0": {}, "pairs": [], "errors": []}
+              "fixed_costs": [], "copy_kernels": [], "profile_v0": {}, "pairs": [],
+              "errors": []}
     if not gpu:
         result["gpu"] += " -- smoke run on gloo, not a measurement"
 
@@ -774,25 +824,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "error": error, "nccl_info": nccl_info})
         if error:
             print(f"{name}: {error}", flush=True)
-        for rec in records:
-            kind, data = rec["kind"], rec["data"]
-            if kind == "row":
-                label = data["variant"] if first else f"{name}:{data['variant']}"
-                pb = payload[data["prompt_tokens"]]
-                result["results"].append({
-                    **data, "variant": label, "case": f"P{data['prompt_tokens']}",
-                    "pair": name, "env": env, "payload_bytes": pb,
-                    "gbps": pb / data["ms"] / 1e6,
-                    "pct_peer_copy_bw": 100 * pb / data["ms"] / 1e6 / copy_gbps})
-            elif kind == "raw":
-                result["raw"].append({**data, "pair": name, "env": env,
-                                      "pct_peer_copy_bw": 100 * data["gbps"] / copy_gbps})
-            elif kind == "kernels":
-                result["copy_kernels"] = data
-            elif kind == "profile":
-                result["profile_v0"][f"rank{data['rank']}"] = data
-            elif {**data, "pair": name} not in result["errors"]:  # (both ranks may say it)
-                result["errors"].append({**data, "pair": name})
+        merge_records(result, records, name, env, first, payload)
         raw_main = [r["gbps"] for r in result["raw"] if r["pair"] == "main"
                     and r["variant"] == "raw_contiguous"]
         result["nccl_sendrecv_gbps"] = raw_main[0] if raw_main else None
@@ -801,6 +833,36 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(result)
     print(f"wrote {args.out} in {time.perf_counter() - t_start:.0f} s")
     return 0
+
+
+def merge_records(result: dict, records: list, name: str, env: dict, first: bool,
+                  payload: dict) -> None:
+    """Add one pair of processes' records to ``result``: rows get GB/s, % of the peer copy
+    bandwidth and the ms over this pair's contiguous NCCL send/recv at that bandwidth."""
+    copy_gbps = result["peer_copy_gbps"]
+    raw = [d["gbps"] for k, d in ((r["kind"], r["data"]) for r in records)
+           if k == "raw" and d["variant"] == "raw_contiguous"]
+    for rec in records:
+        kind, data = rec["kind"], rec["data"]
+        if kind == "row":
+            pb = payload[data["prompt_tokens"]]
+            result["results"].append({
+                **data, "variant": data["variant"] if first else f"{name}:{data['variant']}",
+                "case": f"P{data['prompt_tokens']}", "pair": name, "env": env,
+                "payload_bytes": pb, "gbps": pb / data["ms"] / 1e6,
+                "pct_peer_copy_bw": 100 * pb / data["ms"] / 1e6 / copy_gbps,
+                "ms_over_raw_contiguous": data["ms"] - pb / raw[0] / 1e6 if raw else None})
+        elif kind == "raw":
+            result["raw"].append({**data, "pair": name, "env": env,
+                                  "pct_peer_copy_bw": 100 * data["gbps"] / copy_gbps})
+        elif kind == "fixed_costs":
+            result["fixed_costs"].append({**data, "pair": name})
+        elif kind == "kernels":
+            result["copy_kernels"] = data
+        elif kind == "profile":
+            result["profile_v0"][f"rank{data['rank']}"] = data
+        elif {**data, "pair": name} not in result["errors"]:  # (both ranks may say it)
+            result["errors"].append({**data, "pair": name})
 
 
 def _collect_nccl_info(dbg: dict) -> list[str]:
@@ -821,9 +883,14 @@ def print_summary(result: dict) -> None:
     for r in result["raw"]:
         print(f"{r['variant']:28s} {r['pair']:24s} {r['gbps']:7.1f} GB/s "
               f"{r['pct_peer_copy_bw']:5.1f} % of copy")
+    for c in result["fixed_costs"]:
+        print(f"fixed costs {c['pair']} P{c['prompt_tokens']}: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in c.items() if k.endswith("_ms")))
     for r in sorted(result["results"], key=lambda r: (-r["prompt_tokens"], r["ms"])):
+        over = r["ms_over_raw_contiguous"]
+        over = f"{over:+7.3f} ms over NCCL" if over is not None else ""
         print(f"{r['case']:7s} {r['variant']:52s} {r['ms']:8.3f} ms {r['gbps']:7.1f} GB/s "
-              f"{r['pct_peer_copy_bw']:5.1f} %")
+              f"{r['pct_peer_copy_bw']:5.1f} % {over}")
     for k in result["copy_kernels"]:
         if "ms" in k:
             print(f"kernel {k['kind']:8s} {k['method']:14s} {k['ms']:7.3f} ms "
