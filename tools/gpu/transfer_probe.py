@@ -19,8 +19,8 @@ wall time from the header to the last block landed, as ``Transfer.seconds``; med
   ``ProcessGroupNCCL.Options(is_high_priority_stream=True)``); ``V1_min_ctas32`` /
   ``V1_max_ctas16``: the ``ncclConfig_t`` CTA bounds of that group's communicators;
 * ``V2_tritonN``: gather and scatter by a persistent Triton kernel of N programs (N SMs at
-  most), each copying whole 32 KiB block rows, the other SMs left to NCCL; also gather-only and
-  scatter-only;
+  most), each copying whole 32 KiB block rows, two at a time, the other SMs left to NCCL (the
+  copy only has to outrun NVLink, not HBM); also gather-only and scatter-only;
 * ``V3_index_put`` (scatter by ``index_put_``), ``V3_prealloc`` (staging buffers allocated
   once, outside the timed region), both, and combinations with V1/V2;
 * ``V4[...]``: NCCL environment settings, each in a fresh pair of processes (NCCL reads them
@@ -29,7 +29,10 @@ wall time from the header to the last block landed, as ``Transfer.seconds``; med
   copy-engine p2p (``NCCL_P2P_USE_CUDA_MEMCPY=1``);
 * the ceilings: one contiguous NCCL send/recv of 4 GiB, and ``dst.copy_(src)`` cuda:0 ->
   cuda:1 (the "copy bandwidth" every percentage is of);
-* the copy kernels alone (one 512 MiB message of the 32k prompt, no NCCL running);
+* the copy kernels alone (one 512 MiB message of the 32k prompt, no NCCL running; the Triton
+  kernel at 1, 2 and 4 rows at a time);
+* the fixed costs of a transfer: a 16-byte message there and back (header + answer), and the
+  receiver's host work before its answer (``add_sequence``, ``_block_index``);
 * a torch.profiler trace of ``V0_library`` at 32k on both ranks: per kernel class (gather,
   nccl, scatter) total time and count, and the share of the wall time during which an NCCL
   kernel was running (union of their intervals), plus each rank's kernel timeline.
