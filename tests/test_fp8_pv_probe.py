@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,7 +107,7 @@ def test_main_records_ok_wrong_and_failed_rows_and_goes_on(tmp_path, monkeypatch
     monkeypatch.setattr(probe, "sweep", lambda: [probe.Variant("dot", tile=128),
                                                  probe.Variant("fma", group_pad=4, tile=32),
                                                  probe.Variant("dot", tile=32)])
-    assert probe.main() == 0
+    assert probe.main([]) == 0
     data = json.loads(out.read_text())
     assert [r["status"] for r in data["rows"]] == ["failed", "wrong", "ok"]
     assert "seq_len" in data["rows"][0]["error"]
@@ -113,3 +115,18 @@ def test_main_records_ok_wrong_and_failed_rows_and_goes_on(tmp_path, monkeypatch
     assert ok["ms"] == 0.5 and ok["rel_err"] < 1e-3
     assert ok["pct_copy_bw"] == pytest.approx(100 * data["bytes"] / 0.5e-3 / 1e9 / 1000.0)
     assert data["bytes"] == 2 * 2 * 64 * 2 * 32  # FP8 K + V: one byte per value
+
+
+def test_all_e4m3_variant_compiles_for_sm90_without_conversions():
+    """--ptx (no GPU): q @ K^T and p @ V both e4m3 wgmma, fed from shared memory by 16-byte
+    async copies; no fp8 -> float16 conversion left. (The compiler needs the interpreter off,
+    so in a fresh process.)"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "fp8_pv_probe.py"), "--ptx", "qk=fp8_t v=dT g16 t128 w4 s3"],
+        capture_output=True, text=True, env=env, cwd=TOOLS.parents[1], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("pv=")]
+    counts = dict(word.split("=") for word in line.split()[7:])
+    assert int(counts["wgmma.mma_async"]) > 0 and int(counts["cp.async.cg"]) > 0
+    assert "cvt.rn.f16x2.e4m3x2" not in counts and "mma.sync" not in counts

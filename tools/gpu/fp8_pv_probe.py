@@ -31,15 +31,30 @@ is recorded as such, and the sweep goes on), then timed with ``time_ms``; % of c
 counts the FP8 K + V bytes. Shape B64_L4096: 32 query heads, 8 KV heads, head_dim 128, blocks
 of 16, shuffled block tables, full tiles. Writes ``$OUT/fp8_pv_probe.json``.
 
-Run on a GPU machine, from the repository root::
+Run on a GPU machine, from the repository root (under 3 minutes)::
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/fp8_pv_probe.py
+
+Without a GPU, ``TRITON_INTERPRET=0 PYTHONPATH=$PWD python3 tools/gpu/fp8_pv_probe.py --ptx``
+compiles every variant for sm_90 (H100/H200) and counts PTX instructions (add a part of a
+label, e.g. ``--ptx pv=fp8_t``, for some). What Triton 3.6 makes of them there:
+
+* ``dot`` / ``bits`` / ``fp8``, token-major V: V is copied to shared memory asynchronously,
+  then read back with many scalar ``ld.shared`` (``ldmatrix`` cannot transpose 8-bit values):
+  ~200 of them a tile of 128 against ~50 with V stored ``dT``;
+* ``fp8`` (M = 16 query rows): on sm_90 ``mma.sync`` has no e4m3 form, so Triton converts both
+  operands to float16: the same code as ``dot`` but for the rounding of p;
+* ``fp8_t`` with V ``dT`` (M = head_dim = 128): ``wgmma ... e4m3`` reads V straight from
+  shared memory, filled by 16-byte ``cp.async``: V never passes through registers; with
+  ``QK=fp8_t`` there is no fp8 -> float16 conversion left at all;
+* ``dot_t`` with V ``dT`` does not compile (a 1-byte ``cp.async``): recorded as failed.
 
 On a CPU, tests/test_fp8_pv_probe.py runs every variant in Triton's interpreter at small sizes.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import sys
@@ -220,16 +235,18 @@ class Inputs:
 
 
 def make_inputs(batch: int, seq_len: int, kv_heads: int, group: int, head_dim: int,
-                block_size: int, device: str, seed: int = 0, spare_entries: int = 0) -> Inputs:
+                block_size: int, device: str, seed: int = 0, spare_entries: int = 0,
+                q_dtype: torch.dtype | None = None) -> Inputs:
     """Random K/V quantised to e4m3 with per-tensor scales; ``seq_len`` tokens per sequence
-    (a multiple of ``block_size``); ``spare_entries`` extra table columns of garbage (-1)."""
+    (a multiple of ``block_size``); ``spare_entries`` extra table columns of garbage (-1);
+    q in ``q_dtype`` (default bfloat16 on a GPU, float32 on a CPU)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     nb_seq = seq_len // block_size
     nb = batch * nb_seq
     shape = (nb, block_size, kv_heads, head_dim)
     k = torch.randn(shape, device=device, generator=gen)
     v = torch.randn(shape, device=device, generator=gen)
-    q_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q_dtype = q_dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     q = torch.randn(batch, kv_heads * group, head_dim, device=device, generator=gen)
     q = q.to(q_dtype)
     k_scale = float(k.abs().max()) / 448
@@ -283,7 +300,82 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def main() -> int:
+#: Triton's names of the dtypes of the kernel's tensors.
+TRITON_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
+                 torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32"}
+#: PTX instructions counted by ``--ptx``: loads to registers, 16-byte / smaller async copies to
+#: shared memory,
+#: shared-memory reads, the two MMA kinds, fp8 -> float16 conversions.
+PTX_COUNTS = ("ld.global", "cp.async.cg", "cp.async.ca", "ld.shared", "ldmatrix", "mma.sync",
+              "wgmma.mma_async", "cvt.rn.f16x2.e4m3x2")
+
+
+def compile_sm90(var: Variant, inp: Inputs):
+    """Compile ``var`` for an H100/H200 (sm_90) without a GPU, specialised as a launch on
+    ``inp`` would be (pointers and integers divisible by 16 marked so, integers equal to 1
+    made constants). Needs ``TRITON_INTERPRET=0``; returns Triton's compiled kernel (``.asm``
+    holds ``ttgir``, ``ptx``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not isinstance(pv_probe_kernel, triton.runtime.JITFunction):
+        raise RuntimeError("compiling needs TRITON_INTERPRET=0 (set before starting Python)")
+    run = launcher(var, inp, torch.empty_like(inp.q))
+    constexprs = dict(run.keywords)
+    options = dict(num_warps=constexprs.pop("num_warps"), num_stages=constexprs.pop("num_stages"))
+    signature, attrs = {}, {}
+    for i, name in enumerate(pv_probe_kernel.arg_names):
+        value = run.args[i] if i < len(run.args) else constexprs[name]
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TRITON_DTYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1:
+            signature[name] = "constexpr"
+            constexprs[name] = 1
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(pv_probe_kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def ptx_report(only: str = "") -> list[dict]:
+    """Compile the sweep's variants (those whose label contains ``only``) for sm_90 on this
+    machine and count PTX instructions of each: which operands pass through registers, which
+    MMA is used. Prints a line a variant; a failure to compile is a row too."""
+    inp = make_inputs(1, L, HKV, HQ // HKV, D, BS, "cpu", q_dtype=torch.bfloat16)
+    rows = []
+    for var in sweep():
+        if only not in var.label:
+            continue
+        row = dict(label=var.label)
+        try:
+            kernel = compile_sm90(var, inp)
+            row.update({name: kernel.asm["ptx"].count(name) for name in PTX_COUNTS},
+                       shared_bytes=kernel.metadata.shared)
+            print(f"{var.label:44s} " + " ".join(f"{k}={v}" for k, v in row.items()
+                                                  if k != "label" and v), flush=True)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+            print(f"{var.label:44s} FAILED: {row['error']}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ptx", metavar="LABEL_PART", nargs="?", const="",
+                        help="no GPU needed: compile the variants (whose label contains "
+                             "LABEL_PART) for sm_90 and count PTX instructions; run with "
+                             "TRITON_INTERPRET=0")
+    args = parser.parse_args(argv)
+    if args.ptx is not None:
+        return 0 if all("error" not in r for r in ptx_report(args.ptx)) else 1
     started = start("fp8_pv_probe")
     if started is None:
         return 1
