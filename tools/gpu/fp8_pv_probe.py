@@ -47,6 +47,9 @@ label, e.g. ``--ptx pv=fp8_t``, for some). What Triton 3.6 makes of them there:
 * ``fp8_t`` with V ``dT`` (M = head_dim = 128): ``wgmma ... e4m3`` reads V straight from
   shared memory, filled by 16-byte ``cp.async``: V never passes through registers; with
   ``QK=fp8_t`` there is no fp8 -> float16 conversion left at all;
+* ``fp8_t`` with token-major V: V is loaded to registers (not asynchronously) and stored to
+  shared memory transposed for the wgmma (e4m3 operands must be K-major): no conversion, no
+  change of the cache layout, but no asynchronous pipeline for V;
 * ``dot_t`` with V ``dT`` does not compile (a 1-byte ``cp.async``): recorded as failed.
 
 On a CPU, tests/test_fp8_pv_probe.py runs every variant in Triton's interpreter at small sizes.
@@ -192,21 +195,24 @@ class Variant:
 
 
 def sweep() -> list[Variant]:
-    """The GPU sweep (~40 configs): today's kernel first, then the new ways (so that the time
-    guard, if it bites, cuts the rest of today's launch sweep, at the end)."""
+    """The GPU sweep (~40 configs): today's kernel first, then the new ways, the likeliest
+    first (so that the time guard, if it bites, cuts the rest of today's launch sweep, at the
+    end). (num_stages 4 compiles as 3 for the wgmma variants here, 5 deepens the pipeline.)"""
     v = Variant
     rows = [v("dot", tile=64), v("dot", tile=128), v("dot", v_layout="dT", tile=128)]
-    rows += [v("fp8", v_layout="dT", tile=t, warps=w, stages=s) for t, w, s in (
-        (64, 4, 3), (128, 4, 3), (64, 4, 4), (128, 4, 4), (128, 8, 3))]
-    rows += [v("fp8", v_layout="dT", group_pad=4, tile=128)]
-    rows += [v("fp8", tile=t) for t in (64, 128)]
-    rows += [v("fp8_t", v_layout="dT", tile=t, warps=w) for t, w in ((64, 4), (128, 4), (128, 8))]
-    rows += [v("fp8_t", qk=qk, v_layout="dT", tile=t, warps=w, stages=s)
-             for qk in ("dot_t", "fp8_t") for t, w, s in ((64, 4, 3), (128, 4, 3), (128, 4, 4))]
+    rows += [v("fp8_t", qk="fp8_t", v_layout="dT", tile=t, warps=w, stages=s) for t, w, s in (
+        (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 4, 5), (128, 8, 3), (256, 4, 3), (256, 8, 3))]
+    rows += [v("fp8_t", v_layout="dT", tile=t, warps=w, stages=s) for t, w, s in (
+        (64, 4, 3), (128, 4, 3), (128, 4, 5), (128, 8, 3))]
+    rows += [v("fp8_t", qk="dot_t", v_layout="dT", tile=t) for t in (64, 128)]
+    rows += [v("fp8_t", tile=128), v("fp8_t", qk="fp8_t", tile=128),
+             v("fp8_t", qk="fp8_t", tile=64)]
+    rows += [v("fp8", v_layout="dT", tile=t) for t in (64, 128)]
+    rows += [v("fp8", v_layout="dT", group_pad=4, tile=128), v("fp8", tile=128)]
     rows += [v("fma", qk="fma", group_pad=4, tile=t, warps=w)
-             for w in (4, 8) for t in (16, 32, 64)]
-    rows += [v("fma", group_pad=4, tile=t, stages=2) for t in (32, 64)]
-    rows += [v("dot_t", tile=t, warps=w) for t, w in ((64, 4), (128, 4), (128, 8))]
+             for t, w in ((16, 4), (32, 4), (16, 8), (32, 8), (64, 8))]
+    rows += [v("fma", group_pad=4, tile=32, stages=2)]
+    rows += [v("dot_t", tile=t) for t in (64, 128)]
     rows += [v("dot_t", v_layout="dT", tile=128)]
     rows += [v("bits", tile=t) for t in (64, 128)]
     rows += [v("dot", group_pad=4, tile=128)]
