@@ -3,9 +3,10 @@
 tools/gpu/fp8_v_probe.py found the slow half of FP8 decode: with FP8 K and bf16 V a stripped
 kernel reaches 88 % of copy bandwidth, with FP8 V only 58-68 %. V is converted in registers
 (``v.to(float16)``) before ``tl.dot(p, v)``, so the converted tile goes registers -> shared
-memory -> MMA and loses the asynchronous copy pipeline a plain 16-bit operand gets. Here K is
-always FP8 (token-major, converted to float16: the fast path) and V is FP8; the variants differ
-in how ``p @ V`` is done (``PV``), how ``q @ K^T`` is done (``QK``) and V's layout:
+memory -> MMA and loses the asynchronous copy pipeline a plain 16-bit operand gets. Here K and
+V are FP8 (e4m3, one scale each), K token-major (by default converted to float16 for
+``q @ K^T``: the path that was fast); the variants differ in how ``p @ V`` is done (``PV``),
+how ``q @ K^T`` is done (``QK``) and V's layout:
 
 * ``dot``: V ``.to(float16)``, ``tl.dot(p16, v16)`` (today's kernel); a small launch sweep;
 * ``bits``: as ``dot``, but V read as bytes and turned into float16 with integer operations
@@ -116,8 +117,9 @@ def pv_probe_kernel(out_ptr, q_ptr, k_ptr, v_ptr, table_ptr, seq_len, qk_scale, 
             else:
                 st = tl.dot(k.to(tl.float16), tl.trans(q)) * qk_scale
             m_new = tl.maximum(m, tl.max(st, axis=0))
+            alpha = tl.exp2(m - m_new)
             pt = tl.exp2(st - m_new[None, :])
-            l = l * tl.exp2(m - m_new) + tl.sum(pt, axis=0)
+            l = l * alpha + tl.sum(pt, axis=0)
             p = tl.trans(pt)
         else:
             if QK == "fma":
@@ -126,9 +128,9 @@ def pv_probe_kernel(out_ptr, q_ptr, k_ptr, v_ptr, table_ptr, seq_len, qk_scale, 
                 s = tl.dot(q, tl.trans(k.to(tl.float16)))
             s = s * qk_scale  # [GROUP_PAD, TILE], log2 units
             m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
-            l = l * tl.exp2(m - m_new) + tl.sum(p, axis=1)
-        alpha = tl.exp2(m - m_new)
+            l = l * alpha + tl.sum(p, axis=1)
         m = m_new
         if V_T:  # vt: [D, TILE], tokens of a block contiguous for each d
             vt = tl.load(v_ptr + (blk * svb + h * svh + (tok % BLOCK_SIZE) * svt)[None, :]
@@ -189,9 +191,12 @@ class Variant:
 
     @property
     def tolerance(self) -> float:
-        """Largest relative error vs float64 that counts as right on the GPU (e4m3 p rounded
-        to nearest: ~2.5e-2 on random inputs, emulated in torch; float16 p: ~2e-4)."""
-        return 6e-2 if self.fp8_p else 1e-2
+        """Largest relative error vs float64 that counts as right on the GPU, about twice the
+        expected: float16 p ~2e-4; e4m3 p (rounded to nearest) ~2.5e-2, e4m3 q and p ~3.7e-2
+        (emulated in torch on these random inputs; the e4m3 cache vs bf16 is ~3e-2)."""
+        if self.qk == "fp8_t":
+            return 7e-2
+        return 5e-2 if self.fp8_p else 1e-2
 
 
 def sweep() -> list[Variant]:
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                              "TRITON_INTERPRET=0")
     args = parser.parse_args(argv)
     if args.ptx is not None:
-        return 0 if all("error" not in r for r in ptx_report(args.ptx)) else 1
+        ptx_report(args.ptx)
+        return 0
     started = start("fp8_pv_probe")
     if started is None:
         return 1
@@ -406,21 +412,17 @@ def main(argv: list[str] | None = None) -> int:
             if out.is_cuda:
                 torch.cuda.synchronize()
             row["rel_err"] = err = rel_err(out, inp.ref)
-            if not err <= var.tolerance:
-                row["status"] = "wrong"
-                print(f"{var.label:44s} WRONG: rel err {err:.1e}", flush=True)
-                write_result(result, out_path)
-                continue
-            row["ms"] = ms = time_ms(run)
+            row["ms"] = ms = time_ms(run)  # (a wrong one too: it may be a tolerance off)
         except Exception as exc:  # a variant that does not compile is a result too
             row["status"] = "failed"
             row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
             print(f"{var.label:44s} FAILED: {row['error'][:200]}", flush=True)
             write_result(result, out_path)
             continue
-        row["status"] = "ok"
+        row["status"] = "ok" if err <= var.tolerance else "wrong"
         row["pct_copy_bw"] = pct = 100 * inp.kv_bytes / (ms * 1e-3) / 1e9 / copy_bw
-        print(f"{var.label:44s} {ms:.4f} ms {pct:5.1f} % copy bw  rel err {err:.1e}",
+        flag = "" if row["status"] == "ok" else f"  WRONG (over {var.tolerance:.0e})"
+        print(f"{var.label:44s} {ms:.4f} ms {pct:5.1f} % copy bw  rel err {err:.1e}{flag}",
               flush=True)
         write_result(result, out_path)
     write_result(result, out_path)
