@@ -17,11 +17,14 @@ import torch
 import paged_ref  # noqa: F401  (first: it sets TRITON_INTERPRET=1 on a CPU)
 
 TOOLS = Path(__file__).parents[1] / "tools" / "gpu"
-sys.path.insert(0, str(TOOLS))  # the script imports its neighbour quant_probe
 SPEC = importlib.util.spec_from_file_location("fp8_pv_probe", TOOLS / "fp8_pv_probe.py")
 probe = importlib.util.module_from_spec(SPEC)
 sys.modules["fp8_pv_probe"] = probe  # (its dataclasses look their module up)
-SPEC.loader.exec_module(probe)
+sys.path.insert(0, str(TOOLS))  # the script imports its neighbour quant_probe
+try:
+    SPEC.loader.exec_module(probe)
+finally:
+    sys.path.remove(str(TOOLS))
 
 #: One of each kind in the GPU sweep, at tiles that fit the small sequences here.
 KINDS = sorted({dataclasses.replace(v, tile=32, warps=4, stages=3) for v in probe.sweep()},
@@ -122,10 +125,12 @@ def test_all_e4m3_variant_compiles_for_sm90_without_conversions():
     """--ptx (no GPU): q @ K^T and p @ V both e4m3 wgmma, fed from shared memory by 16-byte
     async copies; no fp8 -> float16 conversion left. (The compiler needs the interpreter off,
     so in a fresh process.)"""
-    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = TOOLS.parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
         [sys.executable, str(TOOLS / "fp8_pv_probe.py"), "--ptx", "qk=fp8_t v=dT g16 t128 w4 s3"],
-        capture_output=True, text=True, env=env, cwd=TOOLS.parents[1], timeout=300)
+        capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("pv=")]
     counts = dict(word.split("=") for word in line.split()[7:])
