@@ -15,9 +15,9 @@ how ``q @ K^T`` is done (``QK``) and V's layout:
   cores, the 4 query heads of a KV head unpadded; with ``QK=fma`` ``q @ K^T`` too;
 * ``dot_t``: the transposed product ``acc^T[D, G] += V^T[D, T] @ p^T[T, G]``: V is the A
   operand (which an MMA may take from registers), the accumulator kept transposed;
-* ``fp8``: no conversion of V: ``tl.dot(p8, v8)`` in e4m3 (p scaled by 256 first so that
-  small probabilities keep their bits); FlashAttention-3's FP8 path does this. P in e4m3 has
-  3 mantissa bits: the error is reported next to the time;
+* ``fp8``: no conversion of V asked for: ``tl.dot(p8, v8)`` in e4m3 (p scaled by 256 first so
+  that small probabilities keep their bits). P in e4m3 has 3 mantissa bits: the error is
+  reported next to the time;
 * ``fp8_t``: FP8 MMA on the transposed product, ``acc^T += V^T8 @ p8^T``;
 * ``QK=dot_t``: scores transposed too, ``s^T[T, G] = K[T, D] @ q^T[D, G]`` (an MMA with M = the
   tile, which Hopper's wgmma wants), p kept as p^T: with ``fp8_t`` no transpose anywhere;
