@@ -29,11 +29,14 @@ _COMPILED: dict = {}  # (kernel, device, specialisation, options) -> CompiledKer
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, with less host time on a GPU (see the module doc)."""
-    if _device.INTERPRET:
+    """``kernel[grid](*args, **kwargs)``, with less host time on a GPU (see the module doc).
+    ``args[0]`` is a tensor (the kernel's first output)."""
+    device = None if _device.INTERPRET else torch.cuda.current_device()
+    if device is None or args[0].device.index != device:
+        # The interpreter; or tensors on another GPU than the current one (Triton's own path
+        # copes with that, through peer access; this short one was measured only without it).
         kernel[grid](*args, **kwargs)
         return
-    device = torch.cuda.current_device()
     binder = kernel.device_caches[device][4]
     bound, specialization, options = binder(*args, **kwargs)
     key = (kernel, device, tuple(specialization), tuple(options.items()))
