@@ -124,6 +124,12 @@ def paged_attention(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if isinstance(q, torch.Tensor) and q.is_cuda and q.get_device() != torch.cuda.current_device():
+        # Tensors on another GPU than the current one: run there (kernels, checks, the
+        # checks' event and copy all use the current device's stream).
+        with torch.cuda.device(q.device):
+            return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                   backend=backend, plan=plan, out=out)
     if plan is not None:
         if not isinstance(plan, DecodePlan):
             raise TypeError(f"plan must come from paged_ref.plan_decode, got {type(plan).__name__}")

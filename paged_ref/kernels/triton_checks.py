@@ -94,9 +94,12 @@ def start_checks(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
                  num_blocks: int) -> PendingChecks:
     """Launch the check kernel and the copy of its four numbers per program to the host; do
     not wait. ``block_tables`` ``[batch, width]``, ``seq_lens`` ``[batch]``, batch >= 1."""
+    device = seq_lens.device
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):  # kernel, copy and event on one GPU's stream
+            return start_checks(block_tables, seq_lens, block_size, num_blocks)
     batch, width = block_tables.shape
     programs = triton.cdiv(batch, ROWS)
-    device = seq_lens.device
     stats = torch.empty(programs, 4, dtype=torch.int64, device=device)
     checked_lens = torch.empty(batch, dtype=torch.int32, device=device)
     launch(

@@ -28,6 +28,7 @@ import pstats
 import sys
 
 import torch
+import triton
 
 import paged_ref
 from paged_ref.course.bench import SHAPE
@@ -53,7 +54,8 @@ def split_launch_args(inp, plan, out):
             out.stride(0), out.stride(1), tables.stride(0), k_data.stride(0), k_data.stride(1),
             k_data.stride(2), *scales, q.shape[1], split.num_chunks)
     kwargs = dict(TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
-                  FUSED_MERGE=True, CHUNK_TILE=triton_split.CHUNK_TILE, **consts, **formats)
+                  FUSED_MERGE=True, CHUNK_TILE=triton_split.CHUNK_TILE,
+                  GROUP_P2=triton.next_power_of_2(consts["GROUP"]), **consts, **formats)
     return (q.shape[0], k.shape[2], split.num_chunks), args, kwargs
 
 
