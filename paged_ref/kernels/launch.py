@@ -1,14 +1,15 @@
 """A shorter launch path for the decode kernels' hot calls (lesson 06: the cost around a kernel).
 
-``kernel[grid](*args)`` costs ~43 us of host time in Triton 3.6 on an H200's host for
-``split_kv_kernel``'s ~40 arguments (tools/gpu/launch_probe.py, benchmarks/h200/launch_probe.json):
+``kernel[grid](*args)`` cost 31.5 us of host time in Triton 3.6 for ``split_kv_kernel``'s ~40
+arguments on the host of a two-H200 machine (tools/gpu/launch_probe.py,
+benchmarks/h200/launch_probe.json):
 
-* ~15 us in the *binder*, which reads every argument's specialisation (dtype of each tensor,
+* 9.7 us in the *binder*, which reads every argument's specialisation (dtype of each tensor,
   16-byte alignment of each pointer, integers equal to 1 or divisible by 16): the compiled
   kernel depends on these, so they must be read on every call;
-* ~12 us in the compiled kernel's launcher (the C function that calls ``cuLaunchKernel``);
-* ~17 us in the rest of ``JITFunction.run``: Triton's settings read from the environment,
-  the cache-key string, the check that global values did not change, launch hooks.
+* 10.6 us in the compiled kernel's launcher (the C function that calls ``cuLaunchKernel``);
+* the other ~11 us in the rest of ``JITFunction.run``: Triton's settings read from the
+  environment, the cache-key string, the check that global values did not change, launch hooks.
 
 :func:`launch` keeps the first two and skips the third after the first call: it runs Triton's
 own binder, looks the compiled kernel up by the specialisation in a dict of its own (filled by
