@@ -1,0 +1,85 @@
+"""Does a quantised cache need more programs? (lesson 10, B64_L4096)
+
+FP8 halves the bytes each decode program reads, so its fixed per-program costs (loading q,
+the first table and K loads, writing out) weigh twice as much, and B64_L4096's 512 programs
+(64 sequences x 8 KV heads) make about four waves on 132 SMs. This times the library's split
+kernel on FP8 (per tensor) and INT4 caches at 1, 2, 4 and 8 chunks per sequence and a few
+launch configs, each checked against float64 (of the de-quantised cache) first. Run on a GPU
+from the repository root:
+
+    OUT=/tmp/out python3 tools/gpu/quant_split_probe.py
+
+Writes ``$OUT/quant_split_probe.json``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import torch
+
+from paged_ref.cache_math import split_chunks
+from paged_ref.course.bench import CASES, SHAPE, bytes_moved
+from paged_ref.course.bench_quant import float64_reference
+from paged_ref.course.checks import relative_error
+from paged_ref.course.results import environment, write_result
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
+from paged_ref.kernels.triton_decode import KernelConfig
+from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+
+CHUNKS = (1, 2, 4, 8)
+CONFIGS = [KernelConfig(128, 4, 3), KernelConfig(64, 4, 3), KernelConfig(128, 8, 3),
+           KernelConfig(32, 4, 4), KernelConfig(64, 2, 3)]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("quant_split_probe.py needs a CUDA GPU")
+        return 1
+    warm_up_gpu()
+    result = dict(environment(), copy_bw_gbps=copy_bandwidth_gbps(),
+                  shape={**SHAPE, "dtype": "bfloat16"}, case="B64_L4096", rows=[])
+    out_path = os.path.join(os.environ.get("OUT", "."), "quant_split_probe.json")
+    lens = CASES["B64_L4096"]
+    plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
+    for fmt in ("fp8", "int4"):
+        inp = plain.quantized(fmt)
+        want = float64_reference(inp)
+        out = torch.empty_like(inp.q)
+        args = inp.args()
+        nbytes = bytes_moved(inp)
+        for n, cfg in itertools.product(CHUNKS, CONFIGS):
+            chunk, num = split_chunks(max(lens), n, cfg.tile)
+            plan = SplitPlan(chunk, num)
+            scratch = SplitScratch.allocate(*inp.q.shape[:2], inp.k_cache.shape[2],
+                                            inp.q.shape[2], plan, "cuda")
+            row = dict(format=fmt, chunks=num, tile=cfg.tile, warps=cfg.num_warps,
+                       stages=cfg.num_stages)
+            try:
+                def call(p=plan, c=cfg, s=scratch, a=args, o=out):
+                    return paged_attention_split(*a, plan=p, config=c, out=o, scratch=s)
+
+                row["rel_err"] = relative_error(call(), want)
+                row["ms"] = time_ms(call)
+                row["pct_copy_bw"] = nbytes / row["ms"] / 1e6 / result["copy_bw_gbps"] * 100
+            except Exception as exc:  # recorded, and on to the next
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                torch.cuda.synchronize()
+            result["rows"].append(row)
+            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
+                  flush=True)
+            write_result(result, out_path)
+        del inp, want
+        torch.cuda.empty_cache()
+    for fmt in ("fp8", "int4"):
+        ok = [r for r in result["rows"] if r["format"] == fmt and "ms" in r]
+        best = min(ok, key=lambda r: r["ms"]) if ok else None
+        print(f"{fmt} fastest: {best}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
