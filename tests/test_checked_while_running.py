@@ -20,6 +20,7 @@ from paged_ref.kernels.triton_checks import start_checks
 from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
 from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
 from paged_ref.validation import check_shapes, check_values
+from tests.mutations.mutate import mutant_of
 
 SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
 LENS = [9, 0, 23, 14]
@@ -107,19 +108,9 @@ KERNEL_MUTATIONS = [  # (module, line as written, planted mistake, runner)
 def test_planted_mistakes_in_the_skip_are_caught(module, old, new, runner, tmp_path,
                                                  monkeypatch):
     """A kernel that treats a rejected row (-1) as empty writes zeros over it: caught."""
-    import importlib.util
-    import sys
-
     from paged_ref import kernels
 
-    source = open(f"{kernels.__path__[0]}/{module}.py").read()
-    assert source.count(old) == 1, (module, old)
-    path = tmp_path / f"mutant_{module}.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(f"mutant_{module}", path)
-    mutant = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mutant)  # (its dataclasses look it up)
-    spec.loader.exec_module(mutant)
+    mutant = mutant_of(getattr(kernels, module), [(old, new)], tmp_path, monkeypatch)
     name = "paged_attention_triton" if module == "triton_decode" else "paged_attention_split"
     monkeypatch.setitem(globals(), name, getattr(mutant, name))
     with pytest.raises(AssertionError):

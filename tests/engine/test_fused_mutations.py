@@ -12,12 +12,11 @@ import contextlib
 import importlib
 import importlib.util
 import io
-import sys
 from dataclasses import dataclass
 
 import pytest
 
-from tests.mutations.mutate import ROOT, Mutation
+from tests.mutations.mutate import ROOT, Mutation, mutant_of
 
 pytest.importorskip("transformers")
 
@@ -91,19 +90,8 @@ PLANTED = [
 
 def load_mutant(planted: Planted, folder, monkeypatch):
     """The module with the mistake planted, loaded from ``folder`` under a name of its own."""
-    path = ROOT / (planted.module.replace(".", "/") + ".py")
-    source = path.read_text()
-    for old, new in planted.mutation.edits():
-        count = source.count(old)
-        assert count == 1, f"{old!r} occurs {count} times in {path.name}, expected once"
-        source = source.replace(old, new)
-    file = folder / f"mutant_{path.name}"
-    file.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"mutant_{path.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # (dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    return mutant_of(importlib.import_module(planted.module), planted.mutation.edits(), folder,
+                     monkeypatch)
 
 
 def run_tests(test_file: str, keyword: str) -> tuple[int, str]:
@@ -118,12 +106,14 @@ def run_tests(test_file: str, keyword: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("planted", PLANTED, ids=str)
 def test_planted_mistake_is_caught(planted, tmp_path, monkeypatch):
+    # Import every module concerned before patching any: a module first imported while its
+    # source is patched would keep the mutant after the test (monkeypatch would "restore" it).
+    modules = [importlib.import_module(m) for m in (planted.module, *planted.also_in)]
     mutant = load_mutant(planted, tmp_path, monkeypatch)
-    original = importlib.import_module(planted.module)
-    for name in original.__all__ if hasattr(original, "__all__") else ("ModelRunner",):
-        for where in (planted.module, *planted.also_in):
-            if hasattr(importlib.import_module(where), name):
-                monkeypatch.setattr(importlib.import_module(where), name, getattr(mutant, name))
+    for name in getattr(modules[0], "__all__", ("ModelRunner",)):
+        for module in modules:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(mutant, name))
     code, output = run_tests(planted.test_file, planted.mutation.keyword)
     tail = "\n".join(output.strip().splitlines()[-6:])
     assert code != pytest.ExitCode.OK, f"mutation survived: {planted}\n{tail}"

@@ -3,13 +3,12 @@ the same checks done in NumPy (in the interpreter here; tests/test_gpu.py runs i
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
 
 from paged_ref.kernels import triton_checks
+from tests.mutations.mutate import mutant_of
 
 
 def numpy_stats(table, lens, block_size, num_blocks):
@@ -78,14 +77,8 @@ MUTATIONS = [
 
 
 @pytest.mark.parametrize("desc, old, new", MUTATIONS, ids=[m[0] for m in MUTATIONS])
-def test_planted_mistakes_are_caught(desc, old, new, tmp_path):
-    source = open(triton_checks.__file__).read()
-    assert source.count(old) == 1, desc
-    path = tmp_path / "mutant_checks.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location("mutant_checks", path)
-    mutant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mutant)
+def test_planted_mistakes_are_caught(desc, old, new, tmp_path, monkeypatch):
+    mutant = mutant_of(triton_checks, [(old, new)], tmp_path, monkeypatch)
     cases = [random_case(seed, b, w) for seed, b, w in CASES]
     cases.append((torch.tensor([[0, 1, -7]], dtype=torch.int32),
                   torch.tensor([8], dtype=torch.int32), 4, 2))

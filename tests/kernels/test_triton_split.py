@@ -13,6 +13,7 @@ from paged_ref.course.checks import assert_close
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.kernels.triton_decode import KernelConfig
 from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split, plan_split
+from tests.mutations.mutate import mutant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -162,18 +163,8 @@ def _multi_step_merge_is_right(module, fused: bool) -> bool:
 @pytest.mark.parametrize("fused", [False, True], ids=["merge kernel", "fused merge"])
 @pytest.mark.parametrize("desc, old, new", MERGE_MUTATIONS, ids=[m[0] for m in MERGE_MUTATIONS])
 def test_planted_mistakes_in_the_merge_are_caught(desc, old, new, fused, tmp_path, monkeypatch):
-    import importlib.util
-    import sys
-
     from paged_ref.kernels import triton_split
 
     assert _multi_step_merge_is_right(triton_split, fused)
-    source = open(triton_split.__file__).read()
-    assert source.count(old) == 1, desc
-    path = tmp_path / "mutant_split.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location("mutant_split", path)
-    mutant = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mutant)  # (its dataclasses look it up)
-    spec.loader.exec_module(mutant)
+    mutant = mutant_of(triton_split, [(old, new)], tmp_path, monkeypatch)
     assert not _multi_step_merge_is_right(mutant, fused), desc

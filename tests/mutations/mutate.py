@@ -100,6 +100,26 @@ def load_mutant(name: str, old: str, new: str, folder: Path) -> types.ModuleType
     return module
 
 
+def mutant_of(module: types.ModuleType, edits, folder, monkeypatch) -> types.ModuleType:
+    """A library module with planted mistakes: ``edits`` ``[(old, new), ...]`` (each ``old``
+    exactly once) applied to its source, loaded from a file in ``folder`` (Triton reads a
+    kernel's source from its file) as ``mutant_<name>``, registered in ``sys.modules`` for the
+    test (dataclasses look their module up); the real module is left as it is."""
+    path = Path(module.__file__)
+    source = path.read_text()
+    for old, new in edits:
+        count = source.count(old)
+        assert count == 1, f"{old!r} occurs {count} times in {path.name}, expected once"
+        source = source.replace(old, new)
+    file = Path(folder) / f"mutant_{path.name}"
+    file.write_text(source)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    mutant = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mutant)
+    spec.loader.exec_module(mutant)
+    return mutant
+
+
 @contextlib.contextmanager
 def installed_mutant(name: str, mutation: Mutation, folder: Path):
     """Import the mutated solution as ``solutions.<name>`` for the duration of the block.
