@@ -53,15 +53,17 @@ def p2p_copy_gbps(num_bytes: int = 2 << 30, reps: int = 10) -> float:
     return num_bytes / statistics.median(times[2:]) / 1e9
 
 
-def _pool(prompt: int, device, seed: int):
-    """A pool with room for the prompt twice over; the prompt's blocks scattered in it."""
+def make_pool(prompt: int, device, seed: int, shape: dict = SHAPE):
+    """A pool of ``shape`` (default: the 8B-like SHAPE) with room for the prompt twice over,
+    random K/V; sequence ``"req"`` holds the prompt, its blocks scattered over the pool.
+    (tools/gpu/transfer_probe.py builds its pools here too.)"""
     from paged_ref import KVCacheManager, PagedKVCache
     from paged_ref.cache_math import blocks_needed
 
-    bs = SHAPE["block_size"]
+    bs = shape["block_size"]
     num_blocks = 2 * blocks_needed(prompt, bs) + 8
-    cache = PagedKVCache(SHAPE["num_layers"], num_blocks, bs, SHAPE["num_kv_heads"],
-                         SHAPE["head_dim"], dtype=SHAPE["dtype"], device=device)
+    cache = PagedKVCache(shape["num_layers"], num_blocks, bs, shape["num_kv_heads"],
+                         shape["head_dim"], dtype=shape["dtype"], device=device)
     manager = KVCacheManager(num_blocks, bs)
     gen = torch.Generator(device=device).manual_seed(seed)
     for t in cache.k_caches + cache.v_caches:
@@ -75,7 +77,8 @@ def _pool(prompt: int, device, seed: int):
     return cache, manager
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the GPU's queued work (nothing on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -96,10 +99,10 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
     nccl = []
     for _ in range(reps + 1):
         dist.barrier()
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         (dist.send if rank == 0 else dist.recv)(big, 1 - rank)
-        _sync(device)
+        sync_device(device)
         nccl.append(time.perf_counter() - t0)
     del big
     nccl_gbps = big_bytes / statistics.median(nccl[1:]) / 1e9
@@ -112,14 +115,14 @@ def _rank_main(rank: int, world_size: int, *, prompts, reps: int,
                 f"[chunk={chunk_bytes >> 20} MiB]" if chunk_bytes else "")
             times = []
             for _ in range(reps + 1):
-                cache, manager = _pool(prompt, device, seed=prompt)
+                cache, manager = make_pool(prompt, device, seed=prompt)
                 dist.barrier()
                 if rank == 0:
                     transfer.send_sequence(cache, manager, "req", dst=1, mode=mode,
                                            chunk_bytes=chunk_bytes)
                     ok = True
                 else:
-                    dst_cache, dst_manager = _pool(prompt, device, seed=prompt + 1)
+                    dst_cache, dst_manager = make_pool(prompt, device, seed=prompt + 1)
                     dst_manager.free_sequence("req")
                     moved = transfer.recv_sequence(dst_cache, dst_manager, "req2", src=0)
                     times.append(moved.seconds)

@@ -32,6 +32,31 @@ CHUNKS = (4, 8, 16, 32)
 CONFIGS = [KernelConfig(t, w, s) for t, w, s in itertools.product((32, 64), (2, 4), (2, 3, 4))]
 
 
+def time_split(args, want, plan, config, out, nbytes: int, copy_bw: float,
+               max_err: float | None = None) -> dict:
+    """Check the split kernel at ``plan`` / ``config`` against ``want`` (float64), then time
+    it: ``rel_err``, ``ms``, ``pct_copy_bw`` (``nbytes`` moved); ``error`` when it fails to
+    compile, raises, or is wrong (``max_err``), so that a sweep records it and goes on.
+    (tools/gpu/quant_split_probe.py uses it too.)"""
+    scratch = SplitScratch.allocate(*args[0].shape[:2], args[1].shape[2], args[0].shape[2],
+                                    plan, "cuda")
+
+    def call():
+        return paged_attention_split(*args, plan=plan, config=config, out=out, scratch=scratch)
+
+    row = {}
+    try:
+        row["rel_err"] = relative_error(call(), want)
+        if max_err is not None and row["rel_err"] > max_err:
+            raise AssertionError(f"wrong: relative error {row['rel_err']:.3g}")
+        row["ms"] = time_ms(call)
+        row["pct_copy_bw"] = nbytes / row["ms"] / 1e6 / copy_bw * 100
+    except Exception as exc:  # recorded, and on to the next
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        torch.cuda.synchronize()
+    return row
+
+
 def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("plan_sweep.py needs a CUDA GPU")
@@ -44,30 +69,17 @@ def main(argv: list[str]) -> int:
     for case in cases:
         lens = CASES[case]
         inp = make_paged_inputs(lens, device="cuda", seed=0,
-                                **{k: v for k, v in SHAPE.items()})
+                                **SHAPE)
         want = inp.reference()
         args = inp.args()
         out = torch.empty_like(inp.q)
         for n, cfg, fused in itertools.product(CHUNKS, CONFIGS, (True, False)):
             chunk, num = split_chunks(max(lens), n, cfg.tile)
             plan = SplitPlan(chunk, num, eager_fused_merge=fused)
-            scratch = SplitScratch.allocate(*inp.q.shape[:2], inp.k_cache.shape[2],
-                                            inp.q.shape[2], plan, "cuda")
             row = dict(case=case, chunks=num, chunk_size=chunk, tile=cfg.tile,
                        warps=cfg.num_warps, stages=cfg.num_stages, fused_merge=fused)
-            try:
-                def call(p=plan, c=cfg, s=scratch, a=args, o=out):
-                    return paged_attention_split(*a, plan=p, config=c, out=o, scratch=s)
-
-                row["rel_err"] = relative_error(call(), want)
-                if row["rel_err"] > 2e-2:
-                    raise AssertionError(f"wrong: relative error {row['rel_err']:.3g}")
-                row["ms"] = time_ms(call)
-                row["pct_copy_bw"] = bytes_moved(inp) / row["ms"] / 1e6 / \
-                    result["copy_bw_gbps"] * 100
-            except Exception as exc:  # recorded, and on to the next
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                torch.cuda.synchronize()
+            row |= time_split(args, want, plan, cfg, out, bytes_moved(inp),
+                              result["copy_bw_gbps"], max_err=2e-2)
             result["rows"].append(row)
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
                   flush=True)

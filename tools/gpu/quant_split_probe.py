@@ -19,16 +19,16 @@ import os
 import sys
 
 import torch
+from plan_sweep import time_split  # (this folder is on sys.path when the script runs)
 
 from paged_ref.cache_math import split_chunks
 from paged_ref.course.bench import CASES, SHAPE, bytes_moved
 from paged_ref.course.bench_quant import float64_reference
-from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
+from paged_ref.course.timing import copy_bandwidth_gbps, warm_up_gpu
 from paged_ref.kernels.triton_decode import KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+from paged_ref.kernels.triton_split import SplitPlan
 
 CHUNKS = (1, 2, 4, 8)
 CONFIGS = [KernelConfig(128, 4, 3), KernelConfig(64, 4, 3), KernelConfig(128, 8, 3),
@@ -54,20 +54,9 @@ def main() -> int:
         for n, cfg in itertools.product(CHUNKS, CONFIGS):
             chunk, num = split_chunks(max(lens), n, cfg.tile)
             plan = SplitPlan(chunk, num)
-            scratch = SplitScratch.allocate(*inp.q.shape[:2], inp.k_cache.shape[2],
-                                            inp.q.shape[2], plan, "cuda")
             row = dict(format=fmt, chunks=num, tile=cfg.tile, warps=cfg.num_warps,
                        stages=cfg.num_stages)
-            try:
-                def call(p=plan, c=cfg, s=scratch, a=args, o=out):
-                    return paged_attention_split(*a, plan=p, config=c, out=o, scratch=s)
-
-                row["rel_err"] = relative_error(call(), want)
-                row["ms"] = time_ms(call)
-                row["pct_copy_bw"] = nbytes / row["ms"] / 1e6 / result["copy_bw_gbps"] * 100
-            except Exception as exc:  # recorded, and on to the next
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                torch.cuda.synchronize()
+            row |= time_split(args, want, plan, cfg, out, nbytes, result["copy_bw_gbps"])
             result["rows"].append(row)
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
                   flush=True)

@@ -67,13 +67,13 @@ import triton
 import triton.language as tl
 
 from paged_ref.cache_math import blocks_needed
+from paged_ref.course.bench_transfer import SHAPE as GPU_SHAPE
+from paged_ref.course.bench_transfer import make_pool, sync_device
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.two_ranks import free_port
 from paged_ref.transfer import _block_index, _block_rows, _pool_rows, _row_numel
 
-#: The 8B-like model's KV shape (as bench_transfer), and a tiny one for the CPU smoke run.
-GPU_SHAPE = dict(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16,
-                 dtype=torch.bfloat16)
+#: The 8B-like model's KV shape is bench_transfer's (GPU_SHAPE); a tiny one for the CPU smoke run.
 CPU_SHAPE = dict(num_layers=6, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)
 
 
@@ -284,30 +284,6 @@ class Side:
     groups: dict = field(default_factory=dict)
 
 
-def make_pool(shape: dict, prompt: int, device, seed: int):
-    """bench_transfer's pool: room for the prompt twice over; two interleaved requests, so
-    ``"req"``'s blocks are scattered over the pool; random K/V."""
-    bs = shape["block_size"]
-    num_blocks = 2 * blocks_needed(prompt, bs) + 8
-    cache = PagedKVCache(shape["num_layers"], num_blocks, bs, shape["num_kv_heads"],
-                         shape["head_dim"], dtype=shape["dtype"], device=device)
-    manager = KVCacheManager(num_blocks, bs)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for t in cache.k_caches + cache.v_caches:
-        t.normal_(generator=gen)
-    manager.add_sequence("filler", 0)
-    manager.add_sequence("req", 0)
-    for _ in range(prompt):
-        manager.append_slot("filler")
-        manager.append_slot("req")
-    return cache, manager
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _barrier(device, group=None):
     dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -327,13 +303,13 @@ def one_transfer(side: Side, v: Variant) -> float | None:
     word = torch.zeros(2, dtype=torch.int64, device=side.device)  # header / answer stand-in
     if side.rank == 0:
         idx = _block_index(cache, manager.block_table("req"))
-        _sync(side.device)
+        sync_device(side.device)
         dist.send(word, 1, group=group)
         dist.recv(word, 1, group=group)
         staging = side.staging if v.prealloc else transfer._staging(cache, side.per_chunk,
                                                                     num_blocks)
         send_payload(cache, idx, side.bounds, 1, group, staging, gather)
-        _sync(side.device)
+        sync_device(side.device)
         return None
     dist.recv(word, 0, group=group)
     start = time.perf_counter()
@@ -343,7 +319,7 @@ def one_transfer(side: Side, v: Variant) -> float | None:
     staging = side.staging if v.prealloc else transfer._staging(cache, side.per_chunk,
                                                                 num_blocks)
     recv_payload(cache, idx, side.bounds, 0, group, staging, scatter)
-    _sync(side.device)
+    sync_device(side.device)
     return time.perf_counter() - start
 
 
@@ -362,7 +338,7 @@ def time_variant(side: Side, v: Variant, reps: int) -> dict | None:
     for _ in range(reps + 1):
         if side.rank == 1:
             side.cache.kv.zero_()  # so a block that did not land cannot pass the check
-        _sync(side.device)
+        sync_device(side.device)
         _barrier(side.device)
         seconds = one_transfer(side, v)
         if side.rank == 1:
@@ -380,11 +356,12 @@ def time_variant(side: Side, v: Variant, reps: int) -> dict | None:
 
 
 def build_side(rank, device, shape, prompt, chunk_bytes, groups) -> Side:
-    cache, manager = make_pool(shape, prompt, device, seed=prompt if rank == 0 else prompt + 1)
+    cache, manager = make_pool(prompt, device, seed=prompt if rank == 0 else prompt + 1,
+                               shape=shape)
     ref = ref_manager = None
     if rank == 1:
         manager.free_sequence("req")  # room for the incoming copy
-        ref, ref_manager = make_pool(shape, prompt, device, seed=prompt)
+        ref, ref_manager = make_pool(prompt, device, seed=prompt, shape=shape)
     num_blocks = blocks_needed(prompt, shape["block_size"])
     per_chunk = transfer.layers_per_chunk(cache, num_blocks, "packed", chunk_bytes)
     return Side(rank, device, prompt, cache, manager, chunk_bytes, per_chunk,
@@ -427,7 +404,7 @@ def fixed_costs(side: Side, reps: int) -> dict:
         else:
             dist.recv(word, 0)
             dist.send(word, 0)
-        _sync(side.device)
+        sync_device(side.device)
         ping.append((time.perf_counter() - t0) * 1e3)
     out = {"prompt_tokens": side.prompt, "round_trip_ms": statistics.median(ping[2:])}
     if side.rank == 1:
@@ -437,7 +414,7 @@ def fixed_costs(side: Side, reps: int) -> dict:
             side.manager.add_sequence("req2", side.prompt)
             t1 = time.perf_counter()
             _block_index(side.cache, side.manager.block_table("req2"))
-            _sync(side.device)
+            sync_device(side.device)
             index.append((time.perf_counter() - t1) * 1e3)
             add.append((t1 - t0) * 1e3)
             side.manager.free_sequence("req2")
@@ -452,10 +429,10 @@ def raw_sendrecv_gbps(rank, device, num_bytes, reps, group=None) -> float:
     times = []
     for _ in range(reps + 1):
         _barrier(device)
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         (dist.send if rank == 0 else dist.recv)(big, 1 - rank, group=group)
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - t0)
     return num_bytes / statistics.median(times[1:]) / 1e9
 
@@ -577,11 +554,11 @@ def profile_v0(side: Side) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     if side.rank == 1:
         side.cache.kv.zero_()
-    _sync(side.device)
+    sync_device(side.device)
     _barrier(side.device)
     with profile(activities=activities) as prof:
         seconds = one_transfer(side, Variant("V0_library", library=True))
-        _sync(side.device)
+        sync_device(side.device)
     ok = None
     if side.rank == 1:
         ok = blocks_equal(side)
