@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     # the JSON is rewritten after every case, so a run cut short keeps what it measured.
     from paged_ref.kernels.triton_decode import KernelConfig
 
-    configs = [KernelConfig(t, w, st) for t, w, st in ((64, 4, 3), (128, 4, 3), (64, 8, 3),
-                                                      (128, 8, 3), (64, 4, 4), (32, 4, 4))]
+    configs = [KernelConfig(t, w, st) for t, w, st in ((64, 2, 3), (64, 4, 3), (128, 4, 3),
+                                                      (64, 8, 3), (32, 2, 3), (32, 4, 4))]
     work = [(c, "ours", formats) for c in args.cases] + [
         (c, "flashinfer", args.flashinfer_formats) for c in args.flashinfer_cases]
     if args.sweep_configs:

@@ -94,6 +94,42 @@ def load_scale_zero(scale_ptr, zero_ptr, srow, group, t_mask):
 
 
 @triton.jit
+def token_slots(table_row_ptr, t0, end, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """Logical -> physical for tokens ``[t0, t0 + TILE)`` of one sequence: the block holding
+    each token (int64, from the block table; 0 past ``end``), its place in that block, and
+    ``t_mask`` (token < end). ``[TILE]`` each."""
+    tok = t0 + tl.arange(0, TILE)
+    t_mask = tok < end
+    block = tl.load(table_row_ptr + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+    return block, tok % BLOCK_SIZE, t_mask
+
+
+@triton.jit
+def load_int4_tile(
+    k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
+    INT4_GROUPS: tl.constexpr,
+):
+    """Packed K and V codes of tokens ``[t0, t0 + TILE)`` (``[TILE, HEAD_DIM / 2]`` uint8, 0
+    past ``end``), each half's float32 (scale, zero) per token (``[TILE]`` each: K low, K high,
+    V low, V high) and ``t_mask`` (token < end): 11 values."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    HIGH: tl.constexpr = INT4_GROUPS - 1  # group of the high half: 1, or 0 when one pair
+    offs_h = tl.arange(0, HALF)
+    block, slot, t_mask = token_slots(table_row_ptr, t0, end, BLOCK_SIZE, TILE)
+    row = block * stride_kb + slot * stride_kt + kv_head * stride_kh
+    srow = block * stride_sb + slot * stride_st + kv_head * stride_sh
+    pk = tl.load(k_cache_ptr + row[:, None] + offs_h[None, :], mask=t_mask[:, None], other=0)
+    pv = tl.load(v_cache_ptr + row[:, None] + offs_h[None, :], mask=t_mask[:, None], other=0)
+    ks_lo, kz_lo = load_scale_zero(k_scale_ptr, k_zero_ptr, srow, 0, t_mask)
+    ks_hi, kz_hi = load_scale_zero(k_scale_ptr, k_zero_ptr, srow, HIGH, t_mask)
+    vs_lo, vz_lo = load_scale_zero(v_scale_ptr, v_zero_ptr, srow, 0, t_mask)
+    vs_hi, vz_hi = load_scale_zero(v_scale_ptr, v_zero_ptr, srow, HIGH, t_mask)
+    return pk, pv, ks_lo, kz_lo, ks_hi, kz_hi, vs_lo, vz_lo, vs_hi, vz_hi, t_mask
+
+
+@triton.jit
 def attend_tokens_int4(
     q,  # [GROUP_PAD, HEAD_DIM] queries (HEAD_DIM a power of two)
     k_cache_ptr, v_cache_ptr,  # uint8 [num_blocks, block_size, Hkv, HEAD_DIM / 2]
@@ -103,58 +139,62 @@ def attend_tokens_int4(
     stride_sb, stride_st, stride_sh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_PAD: tl.constexpr,
     TILE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    INT4_GROUPS: tl.constexpr,
+    INT4_GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """:func:`~paged_ref.kernels.triton_decode.attend_tokens` for an INT4 cache: the same
     online softmax, with each tile's codes used directly in the dots and each half's
-    (scale, zero) applied to ``[GROUP_PAD, TILE]`` scores and weights. Same return values."""
+    (scale, zero) applied to ``[GROUP_PAD, TILE]`` scores and weights. Same return values.
+    ``PREFETCH``: the next tile is loaded (into registers) before this one is used."""
     HALF: tl.constexpr = HEAD_DIM // 2
-    HIGH: tl.constexpr = INT4_GROUPS - 1  # group of the high half: 1, or 0 when one pair
     q_low, q_high = tl.split(tl.permute(tl.reshape(q, (GROUP_PAD, 2, HALF)), (0, 2, 1)))
     q_low = q_low.to(tl.float32 if DOT_UPCAST else tl.float16)
     q_high = q_high.to(tl.float32 if DOT_UPCAST else tl.float16)
     q_low_sum = tl.sum(q_low.to(tl.float32), axis=1)  # [GROUP_PAD]: for the zero term
     q_high_sum = tl.sum(q_high.to(tl.float32), axis=1)
-    offs_t = tl.arange(0, TILE)
-    offs_h = tl.arange(0, HALF)
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc_low = tl.zeros([GROUP_PAD, HALF], dtype=tl.float32)
     acc_high = tl.zeros([GROUP_PAD, HALF], dtype=tl.float32)
+    if PREFETCH:
+        nxt = load_int4_tile(
+            k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,
+            stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,
+            stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE, INT4_GROUPS)
     for t0 in range(start, end, TILE):
-        tok = t0 + offs_t
-        t_mask = tok < end
-        block = tl.load(table_row_ptr + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        row = block * stride_kb + (tok % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        srow = block * stride_sb + (tok % BLOCK_SIZE) * stride_st + kv_head * stride_sh
-        packed = tl.load(k_cache_ptr + row[:, None] + offs_h[None, :], mask=t_mask[:, None],
-                         other=0)
-        k_low, k_high = int4_halves(packed, DOT_UPCAST)
-        s_low, z_low = load_scale_zero(k_scale_ptr, k_zero_ptr, srow, 0, t_mask)
-        s_high, z_high = load_scale_zero(k_scale_ptr, k_zero_ptr, srow, HIGH, t_mask)
+        if PREFETCH:
+            tile = nxt
+            nxt = load_int4_tile(
+                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + TILE, end,
+                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr,
+                v_zero_ptr, stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE,
+                INT4_GROUPS)
+        else:
+            tile = load_int4_tile(
+                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end,
+                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr,
+                v_zero_ptr, stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE,
+                INT4_GROUPS)
+        pk, pv, ks_lo, kz_lo, ks_hi, kz_hi, vs_lo, vz_lo, vs_hi, vz_hi, t_mask = tile
+        k_low, k_high = int4_halves(pk, DOT_UPCAST)
         # q . (z + s c) = s (q . c) + z sum(q), for each half
-        scores = tl.dot(q_low, tl.trans(k_low), input_precision=DOT_PRECISION) * s_low[None, :]
-        scores += q_low_sum[:, None] * z_low[None, :]
-        scores += tl.dot(q_high, tl.trans(k_high), input_precision=DOT_PRECISION) * s_high[None, :]
-        scores += q_high_sum[:, None] * z_high[None, :]
+        scores = tl.dot(q_low, tl.trans(k_low), input_precision=DOT_PRECISION) * ks_lo[None, :]
+        scores += q_low_sum[:, None] * kz_lo[None, :]
+        scores += tl.dot(q_high, tl.trans(k_high), input_precision=DOT_PRECISION) * ks_hi[None, :]
+        scores += q_high_sum[:, None] * kz_hi[None, :]
         scores = tl.where(t_mask[None, :], scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: add nothing
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        packed = tl.load(v_cache_ptr + row[:, None] + offs_h[None, :], mask=t_mask[:, None],
-                         other=0)
-        v_low, v_high = int4_halves(packed, DOT_UPCAST)
-        s_low, z_low = load_scale_zero(v_scale_ptr, v_zero_ptr, srow, 0, t_mask)
-        s_high, z_high = load_scale_zero(v_scale_ptr, v_zero_ptr, srow, HIGH, t_mask)
+        v_low, v_high = int4_halves(pv, DOT_UPCAST)
         # sum_t p_t (z_t + s_t c_t) = (p s) @ c + sum_t p_t z_t, for each half
         acc_low = acc_low * alpha[:, None] + tl.dot(
-            (p * s_low[None, :]).to(v_low.dtype), v_low, input_precision=DOT_PRECISION)
-        acc_low += tl.sum(p * z_low[None, :], axis=1)[:, None]
+            (p * vs_lo[None, :]).to(v_low.dtype), v_low, input_precision=DOT_PRECISION)
+        acc_low += tl.sum(p * vz_lo[None, :], axis=1)[:, None]
         acc_high = acc_high * alpha[:, None] + tl.dot(
-            (p * s_high[None, :]).to(v_high.dtype), v_high, input_precision=DOT_PRECISION)
-        acc_high += tl.sum(p * z_high[None, :], axis=1)[:, None]
+            (p * vs_hi[None, :]).to(v_high.dtype), v_high, input_precision=DOT_PRECISION)
+        acc_high += tl.sum(p * vz_hi[None, :], axis=1)[:, None]
         m = m_new
     acc = tl.reshape(tl.permute(tl.join(acc_low, acc_high), (0, 2, 1)), (GROUP_PAD, HEAD_DIM))
     return acc, m, l

@@ -42,6 +42,7 @@ from paged_ref.kernels.kv_formats import (
     attend_tokens_int4,
     kv_format_code,
     kv_kernel_args,
+    token_slots,
 )
 from paged_ref.kernels.launch import launch
 from paged_ref.validation import check_out
@@ -51,20 +52,36 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch shape: ``tile`` tokens per loop step, warps per program, pipeline depth."""
+    """Launch shape: ``tile`` tokens per loop step, warps per program, pipeline depth, and
+    ``prefetch``: the kernel itself loads the next tile into registers before it uses this one
+    (for de-quantised caches, whose tiles Triton's pipeline would stage through shared memory
+    as bytes; use it with ``num_stages=1``), and ``maxnreg``: at most this many registers a
+    thread (None: as many as the compiler wants; fewer registers, more programs at once on a
+    multiprocessor: 65,536 registers / (32 x warps x registers))."""
 
     tile: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: bool = False
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """Triton's launch options for this config."""
+        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg and not _device.INTERPRET:
+            options["maxnreg"] = self.maxnreg
+        return options
 
 
 #: Launch configs for quantised caches (KV_FORMAT -> config), from the H200 sweep in
-#: benchmarks/h200/quant.json (rows with "sweep": B64_L4096, head_dim 128, q bf16): at the
-#: default 64 tokens a tile, FP8 reached 40 % of copy bandwidth, at 128 tokens 56 %; INT4 was
-#: fastest at 32 tokens and 4 stages. Used for head_dim <= 128 and 16-bit q (the configs
-#: measured); everything else keeps KernelConfig().
-QUANTISED_CONFIGS = {1: KernelConfig(128, 4, 3), 2: KernelConfig(128, 4, 3),
-                     3: KernelConfig(32, 4, 4)}
+#: benchmarks/h200/quant_regs_probe.json (B64_L4096, head_dim 128, q bf16; 24 configs a format
+#: and layout, with the compiled kernel's registers): 64 tokens a tile on 2 warps was fastest
+#: for FP8 (per tensor 66 % of copy bandwidth, 0.191 ms, against 54 % at 128 tokens on 4
+#: warps, the config before) and for INT4 (23 %). Capping registers (``maxnreg``) to fit more
+#: programs on a multiprocessor did not help. Used for head_dim <= 128 and 16-bit q (the
+#: configs measured); everything else keeps KernelConfig().
+QUANTISED_CONFIGS = {1: KernelConfig(64, 2, 3), 2: KernelConfig(64, 2, 3),
+                     3: KernelConfig(64, 2, 3)}
 
 
 def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
@@ -73,6 +90,34 @@ def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
     if code and q.dtype != torch.float32 and k_cache.shape[-1] <= 128 and not _device.INTERPRET:
         return QUANTISED_CONFIGS[code]
     return KernelConfig()
+
+
+@triton.jit
+def load_kv_tile(
+    k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_st, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    TILE: tl.constexpr, KV_FORMAT: tl.constexpr,
+):
+    """K and V rows of tokens ``[t0, t0 + TILE)`` of one KV head, straight from the paged cache:
+    ``(k, v, k_scale, v_scale, t_mask)``: k, v ``[TILE, HEAD_DIM_PAD]`` in the cache's dtype
+    (rows at or past ``end`` are 0 and cost no memory traffic), the per-token scales ``[TILE]``
+    (``KV_FP8_TOKEN_HEAD``; ones otherwise) and ``t_mask`` ``[TILE]`` (token < end)."""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    # Logical -> physical: which block holds each token, and where in it.
+    block, slot, t_mask = token_slots(table_row_ptr, t0, end, BLOCK_SIZE, TILE)
+    row = block * stride_kb + slot * stride_kt + kv_head * stride_kh
+    kv_mask = t_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    if KV_FORMAT == KV_FP8_TOKEN_HEAD:
+        srow = block * stride_sb + slot * stride_st + kv_head * stride_sh
+        k_s = tl.load(k_scale_ptr + srow, mask=t_mask, other=0.0)
+        v_s = tl.load(v_scale_ptr + srow, mask=t_mask, other=0.0)
+    else:
+        k_s = tl.full([TILE], 1.0, dtype=tl.float32)
+        v_s = k_s
+    return k, v, k_s, v_s, t_mask
 
 
 @triton.jit
@@ -104,6 +149,7 @@ def attend_tokens(
     stride_sh,
     KV_FORMAT: tl.constexpr,
     INT4_GROUPS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load tile i + 1 while tile i is used (registers, no async copy)
 ):
     """Online softmax over tokens [start, end) of one sequence for one GQA group.
 
@@ -117,31 +163,38 @@ def attend_tokens(
             stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,
             stride_sb, stride_st, stride_sh,
             BLOCK_SIZE, HEAD_DIM, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST, INT4_GROUPS,
+            PREFETCH,
         )
     if KV_FORMAT != KV_PLAIN:  # e4m3 codes become float16 (float32 when upcasting) for the dots
         q = q.to(tl.float32 if DOT_UPCAST else tl.float16)
     if KV_FORMAT == KV_FP8_TENSOR:  # q . (s c) = s (q . c): the K scale joins the score scale
         qk_scale = qk_scale * tl.load(k_scale_ptr)
-    offs_t = tl.arange(0, TILE)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_mask = offs_d < HEAD_DIM
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    if PREFETCH:  # the first tile, loaded before the loop
+        k_next, v_next, ks_next, vs_next, mask_next = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,
+            stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
+            stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE, KV_FORMAT)
     for t0 in range(start, end, TILE):
-        tok = t0 + offs_t
-        t_mask = tok < end
-        # Logical -> physical: which block holds each token, and where in it.
-        block = tl.load(table_row_ptr + tok // BLOCK_SIZE, mask=t_mask, other=0)
-        row = block.to(tl.int64) * stride_kb + (tok % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if PREFETCH:  # this tile was loaded last step; ask for the next one before using it
+            k, v, k_s, v_s, t_mask = k_next, v_next, ks_next, vs_next, mask_next
+            k_next, v_next, ks_next, vs_next, mask_next = load_kv_tile(
+                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + TILE, end,
+                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
+                stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
+                KV_FORMAT)
+        else:
+            k, v, k_s, v_s, t_mask = load_kv_tile(
+                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end,
+                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
+                stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
+                KV_FORMAT)
         k = k.to(q.dtype)  # (a no-op for plain caches unless upcasting)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if KV_FORMAT == KV_FP8_TOKEN_HEAD:  # column t of the scores times token t's K scale
-            srow = block.to(tl.int64) * stride_sb + (tok % BLOCK_SIZE) * stride_st
-            srow += kv_head * stride_sh
-            scores *= tl.load(k_scale_ptr + srow, mask=t_mask, other=0.0)[None, :]
+            scores *= k_s[None, :]
         scores = tl.where(t_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, TILE]
         # Online softmax: rescale what we have by 2^(m_old - m_new), then add this tile.
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -149,11 +202,10 @@ def attend_tokens(
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = v.to(q.dtype)
         pv = p
         if KV_FORMAT == KV_FP8_TOKEN_HEAD:  # sum_t p_t (s_t c_t) = (p s) @ c
-            pv = p * tl.load(v_scale_ptr + srow, mask=t_mask, other=0.0)[None, :]
+            pv = p * v_s[None, :]
         acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
     if KV_FORMAT == KV_FP8_TENSOR:
@@ -186,7 +238,7 @@ def paged_decode_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads): out[b, heads of kv_head] = attention over the whole sequence.
     A row of length ``-1`` (one the value checks rejected) is skipped: nothing read or written."""
@@ -203,7 +255,7 @@ def paged_decode_kernel(
             kv_head, 0, seq_len, qk_scale, stride_kb, stride_kt, stride_kh,
             BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
             k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
-            KV_FORMAT, INT4_GROUPS,
+            KV_FORMAT, INT4_GROUPS, PREFETCH,
         )
         out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty sequence gives zeros, not NaN
         offs_g = tl.arange(0, GROUP_PAD)
@@ -296,7 +348,7 @@ def paged_attention_triton(
         out, q, k_data, v_data, block_tables, seq_lens, consts.pop("qk_scale"), max_seq_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
-        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages, **consts,
+        TILE=config.tile, PREFETCH=config.prefetch, **config.launch_options(), **consts,
         **formats,
     )
     return out

@@ -201,7 +201,7 @@ def split_kv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     FUSED_MERGE: tl.constexpr, CHUNK_TILE: tl.constexpr, GROUP_P2: tl.constexpr,
-    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Grid (batch, num_kv_heads, num_chunks): attention over one chunk of one sequence.
 
@@ -227,7 +227,7 @@ def split_kv_kernel(
             start, end, qk_scale, stride_kb, stride_kt, stride_kh,
             BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP_PAD, TILE, DOT_PRECISION, DOT_UPCAST,
             k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
-            KV_FORMAT, INT4_GROUPS,
+            KV_FORMAT, INT4_GROUPS, PREFETCH,
         )
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -359,9 +359,10 @@ def paged_attention_split(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales,
         num_q_heads, plan.num_chunks,
-        TILE=config.tile, num_warps=config.num_warps, num_stages=config.num_stages,
-        FUSED_MERGE=fused, CHUNK_TILE=fused_chunk_tile(group_p2, consts["HEAD_DIM_PAD"]),
-        GROUP_P2=group_p2, **consts, **formats,
+        TILE=config.tile, PREFETCH=config.prefetch, **config.launch_options(),
+        FUSED_MERGE=fused,
+        CHUNK_TILE=fused_chunk_tile(group_p2, consts["HEAD_DIM_PAD"]), GROUP_P2=group_p2,
+        **consts, **formats,
     )
     if not fused:
         launch(
