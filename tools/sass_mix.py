@@ -44,12 +44,14 @@ from paged_ref.kernels import triton_decode  # noqa: E402
 
 #: Instruction kinds reported (the rest are counted in ``total``).
 KINDS = ("LDS", "LDSM", "LDGSTS", "LDG", "STS", "HMMA", "F2FP", "IMAD", "MUFU", "SHFL")
-#: (label, cache format, tile, warps, stages): the defaults before and after this round's sweep.
+#: (label, cache format, tile, warps, stages, prefetch): the defaults before and after this
+#: round's sweeps.
 KERNELS = [
-    ("bf16, 64 tokens, 4 warps (default)", "bf16", 64, 4, 3),
-    ("fp8, 128 tokens, 4 warps (default until 2026-11-30)", "fp8", 128, 4, 3),
-    ("fp8, 64 tokens, 2 warps (default)", "fp8", 64, 2, 3),
-    ("int4, 64 tokens, 2 warps (default)", "int4", 64, 2, 3),
+    ("bf16, 64 tokens, 4 warps (default)", "bf16", 64, 4, 3, False),
+    ("fp8, 128 tokens, 4 warps (default until 2026-11-30)", "fp8", 128, 4, 3, False),
+    ("fp8, 64 tokens, 2 warps (default)", "fp8", 64, 2, 3, False),
+    ("int4, 32 tokens, 4 warps (default until 2026-11-30)", "int4", 32, 4, 4, False),
+    ("int4, 64 tokens, 2 warps, prefetch (default)", "int4", 64, 2, 1, True),
 ]
 CACHE_TYPES = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int4": "*u8"}
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "int4": 3}
@@ -59,11 +61,11 @@ SHAPE = dict(BLOCK_SIZE=16, GROUP=4, GROUP_PAD=16, HEAD_DIM=128, HEAD_DIM_PAD=12
 SCALE_STRIDES = {"bf16": (0, 0, 0), "fp8": (0, 0, 0), "int4": (256, 16, 2)}
 
 
-def compile_decode(fmt: str, tile: int, warps: int, stages: int):
+def compile_decode(fmt: str, tile: int, warps: int, stages: int, prefetch: bool = False):
     """``paged_decode_kernel`` compiled for sm_90 (Triton's CompiledKernel)."""
     kernel = triton_decode.paged_decode_kernel
     constexprs = dict(SHAPE, TILE=tile, DOT_PRECISION="tf32", DOT_UPCAST=False,
-                      KV_FORMAT=FORMAT_CODES[fmt], INT4_GROUPS=2, PREFETCH=False)
+                      KV_FORMAT=FORMAT_CODES[fmt], INT4_GROUPS=2, PREFETCH=prefetch)
     scale_strides = dict(zip(("stride_sb", "stride_st", "stride_sh"), SCALE_STRIDES[fmt],
                              strict=True))
     signature, attrs = {}, {}
@@ -120,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = dict(environment(), target="sm_90 (compiled on a CPU, no GPU)",
                   shape=dict(SHAPE, num_q_heads=32, num_kv_heads=8, q="bfloat16"), rows=[])
-    for label, fmt, tile, warps, stages in KERNELS:
+    for label, fmt, tile, warps, stages, prefetch in KERNELS:
         if args.only not in label:
             continue
         row = dict(label=label, format=fmt, tile=tile, warps=warps, stages=stages,
-                   **sass_report(compile_decode(fmt, tile, warps, stages)))
+                   prefetch=prefetch,
+                   **sass_report(compile_decode(fmt, tile, warps, stages, prefetch)))
         row["programs_per_sm_by_registers"] = 65536 // (row["registers"] * 32 * warps)
         result["rows"].append(row)
         print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)

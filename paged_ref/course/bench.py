@@ -106,7 +106,7 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
         runners["torch"] = ("torch", {}, lambda: paged_attention_torch(*args, max_len=max_len))
     for cfg in configs or [KernelConfig()]:
         info = {"config": vars(cfg).copy()} if configs else {}
-        suffix = f"[t{cfg.tile},w{cfg.num_warps},s{cfg.num_stages}]" if configs else ""
+        suffix = f"[{cfg.label}]" if configs else ""
         if "triton" in backends:
             runners["triton" + suffix] = ("triton", info, lambda c=cfg: paged_attention_triton(
                 *args, config=c, out=out))
@@ -118,7 +118,7 @@ def our_runners(inp: PagedInputs, backends, configs, chunk_counts) -> dict:
                                                     scratch=scratch))
     for n, cfg in itertools.product(chunk_counts, configs or [KernelConfig()]):
         sweep_plan = SplitPlan(*split_chunks(max_len, n, cfg.tile))
-        suffix = f",t{cfg.tile},w{cfg.num_warps},s{cfg.num_stages}" if configs else ""
+        suffix = f",{cfg.label}" if configs else ""
         runners[f"triton_split[chunks={sweep_plan.num_chunks}{suffix}]"] = (
             "triton_split", {"num_chunks": sweep_plan.num_chunks,
                              "chunk_size": sweep_plan.chunk_size, "sweep": "chunks",

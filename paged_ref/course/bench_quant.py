@@ -60,7 +60,7 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
     out = torch.empty_like(inp.q)
     args = inp.args()
     if configs:
-        return {f"triton[t{c.tile},w{c.num_warps},s{c.num_stages}]": (
+        return {f"triton[{c.label}]": (
             "triton", {"config": vars(c).copy(), "sweep": "configs"},
             lambda c=c: paged_attention_triton(*args, config=c, out=out)) for c in configs}
     lengths = Lengths(int(inp.seq_lens.max()), int(inp.seq_lens.sum()))
@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from paged_ref.kernels.triton_decode import KernelConfig
 
     configs = [KernelConfig(t, w, st) for t, w, st in ((64, 2, 3), (64, 4, 3), (128, 4, 3),
-                                                      (64, 8, 3), (32, 2, 3), (32, 4, 4))]
+                                                      (64, 8, 3), (32, 2, 3))]
+    configs.append(KernelConfig(64, 2, 1, prefetch=True))
     work = [(c, "ours", formats) for c in args.cases] + [
         (c, "flashinfer", args.flashinfer_formats) for c in args.flashinfer_cases]
     if args.sweep_configs:

@@ -65,6 +65,13 @@ class KernelConfig:
     prefetch: bool = False
     maxnreg: int | None = None
 
+    @property
+    def label(self) -> str:
+        """``t64,w4,s3`` (``,prefetch`` and ``,maxnreg128`` when set): for tables."""
+        extra = (",prefetch" if self.prefetch else "") + (
+            f",maxnreg{self.maxnreg}" if self.maxnreg else "")
+        return f"t{self.tile},w{self.num_warps},s{self.num_stages}{extra}"
+
     def launch_options(self) -> dict:
         """Triton's launch options for this config."""
         options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -79,9 +86,11 @@ class KernelConfig:
 #: for FP8 (per tensor 66 % of copy bandwidth, 0.191 ms, against 54 % at 128 tokens on 4
 #: warps, the config before) and for INT4 (23 %). Capping registers (``maxnreg``) to fit more
 #: programs on a multiprocessor did not help. Used for head_dim <= 128 and 16-bit q (the
-#: configs measured); everything else keeps KernelConfig().
+#: configs measured); everything else keeps KernelConfig(). INT4 loads its next tile itself
+#: (``prefetch``): 24.7 % against 22.9 % (benchmarks/h200/quant_prefetch_probe.json), the only
+#: format it helped.
 QUANTISED_CONFIGS = {1: KernelConfig(64, 2, 3), 2: KernelConfig(64, 2, 3),
-                     3: KernelConfig(64, 2, 3)}
+                     3: KernelConfig(64, 2, 1, prefetch=True)}
 
 
 def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
