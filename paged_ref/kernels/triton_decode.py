@@ -102,7 +102,7 @@ def default_config(q: torch.Tensor, k_cache) -> KernelConfig:
 
 
 @triton.jit
-def load_kv_tile(
+def load_token_tile(
     k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end, stride_kb, stride_kt, stride_kh,
     k_scale_ptr, v_scale_ptr, stride_sb, stride_st, stride_sh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -182,20 +182,20 @@ def attend_tokens(
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
     if PREFETCH:  # the first tile, loaded before the loop
-        k_next, v_next, ks_next, vs_next, mask_next = load_kv_tile(
+        k_next, v_next, ks_next, vs_next, mask_next = load_token_tile(
             k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,
             stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
             stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE, KV_FORMAT)
     for t0 in range(start, end, TILE):
         if PREFETCH:  # this tile was loaded last step; ask for the next one before using it
             k, v, k_s, v_s, t_mask = k_next, v_next, ks_next, vs_next, mask_next
-            k_next, v_next, ks_next, vs_next, mask_next = load_kv_tile(
+            k_next, v_next, ks_next, vs_next, mask_next = load_token_tile(
                 k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + TILE, end,
                 stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
                 stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
                 KV_FORMAT)
         else:
-            k, v, k_s, v_s, t_mask = load_kv_tile(
+            k, v, k_s, v_s, t_mask = load_token_tile(
                 k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end,
                 stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
                 stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
