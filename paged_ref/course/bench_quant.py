@@ -233,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     # the JSON is rewritten after every case, so a run cut short keeps what it measured.
     from paged_ref.kernels.triton_decode import KernelConfig
 
-    configs = [KernelConfig(t, w, st) for t, w, st in ((64, 2, 3), (64, 4, 3), (128, 4, 3),
-                                                      (64, 8, 3), (32, 2, 3))]
-    configs.append(KernelConfig(64, 2, 1, prefetch=True))
+    configs = [KernelConfig(64, 2, 3), KernelConfig(64, 4, 3), KernelConfig(128, 4, 3),
+               KernelConfig(64, 8, 3), KernelConfig(32, 2, 3),
+               KernelConfig(64, 2, 1, prefetch=True)]
     work = [(c, "ours", formats) for c in args.cases] + [
         (c, "flashinfer", args.flashinfer_formats) for c in args.flashinfer_cases]
     if args.sweep_configs:

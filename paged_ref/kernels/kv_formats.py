@@ -155,25 +155,21 @@ def attend_tokens_int4(
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc_low = tl.zeros([GROUP_PAD, HALF], dtype=tl.float32)
     acc_high = tl.zeros([GROUP_PAD, HALF], dtype=tl.float32)
+    AHEAD: tl.constexpr = TILE if PREFETCH else 0  # as in attend_tokens
     if PREFETCH:
         nxt = load_int4_tile(
             k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,
             stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,
             stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE, INT4_GROUPS)
     for t0 in range(start, end, TILE):
+        loaded = load_int4_tile(
+            k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + AHEAD, end,
+            stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,
+            stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE, INT4_GROUPS)
         if PREFETCH:
-            tile = nxt
-            nxt = load_int4_tile(
-                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + TILE, end,
-                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr,
-                v_zero_ptr, stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE,
-                INT4_GROUPS)
+            tile, nxt = nxt, loaded
         else:
-            tile = load_int4_tile(
-                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end,
-                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr,
-                v_zero_ptr, stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, TILE,
-                INT4_GROUPS)
+            tile = loaded
         pk, pv, ks_lo, kz_lo, ks_hi, kz_hi, vs_lo, vz_lo, vs_hi, vz_hi, t_mask = tile
         k_low, k_high = int4_halves(pk, DOT_UPCAST)
         # q . (z + s c) = s (q . c) + z sum(q), for each half

@@ -181,25 +181,24 @@ def attend_tokens(
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-    if PREFETCH:  # the first tile, loaded before the loop
-        k_next, v_next, ks_next, vs_next, mask_next = load_token_tile(
+    # PREFETCH: each step loads the tile after the one it uses (the first tile is loaded before
+    # the loop), so that tile's loads are in flight while this one is computed on.
+    AHEAD: tl.constexpr = TILE if PREFETCH else 0
+    if PREFETCH:
+        nxt = load_token_tile(
             k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,
             stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
             stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE, KV_FORMAT)
     for t0 in range(start, end, TILE):
-        if PREFETCH:  # this tile was loaded last step; ask for the next one before using it
-            k, v, k_s, v_s, t_mask = k_next, v_next, ks_next, vs_next, mask_next
-            k_next, v_next, ks_next, vs_next, mask_next = load_token_tile(
-                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + TILE, end,
-                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
-                stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
-                KV_FORMAT)
+        loaded = load_token_tile(
+            k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0 + AHEAD, end,
+            stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
+            stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE, KV_FORMAT)
+        if PREFETCH:
+            tile, nxt = nxt, loaded
         else:
-            k, v, k_s, v_s, t_mask = load_token_tile(
-                k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, t0, end,
-                stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
-                stride_sb, stride_st, stride_sh, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE,
-                KV_FORMAT)
+            tile = loaded
+        k, v, k_s, v_s, t_mask = tile
         k = k.to(q.dtype)  # (a no-op for plain caches unless upcasting)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if KV_FORMAT == KV_FP8_TOKEN_HEAD:  # column t of the scores times token t's K scale

@@ -64,11 +64,11 @@ def test_launch_options_pass_maxnreg_on_a_gpu_only(monkeypatch):
 
 
 PLANTED = [  # (module, old, new, case id)
-    ("triton_decode", "kv_head, t0 + TILE, end,", "kv_head, t0, end,", "fp8_gqa4"),
-    ("triton_decode", "kv_head, t0 + TILE, end,", "kv_head, t0, end,", "plain_f32"),
+    ("triton_decode", "kv_head, t0 + AHEAD, end,", "kv_head, t0, end,", "fp8_gqa4"),
+    ("triton_decode", "kv_head, t0 + AHEAD, end,", "kv_head, t0, end,", "plain_f32"),
     ("triton_decode", "k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,\n",
      "k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start + TILE, end,\n", "fp8th_f16"),
-    ("kv_formats", "kv_head, t0 + TILE, end,", "kv_head, t0, end,", "int4_gqa4"),
+    ("kv_formats", "kv_head, t0 + AHEAD, end,", "kv_head, t0, end,", "int4_gqa4"),
     ("kv_formats", "k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start, end,\n",
      "k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head, start + TILE, end,\n", "int4_gqa4"),
 ]
