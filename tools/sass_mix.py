@@ -1,12 +1,11 @@
 """What the compiler made of the decode kernels for an H100/H200 (sm_90), on a machine with no GPU.
 
-Triton compiles for a GPU it is not running on when given the target, and its wheel carries
-NVIDIA's ``cuobjdump``. This compiles ``paged_decode_kernel`` for a few cache formats and
-launch configs, specialised as a launch on the standard shape would be (32 query / 8 KV heads,
-head_dim 128, blocks of 16, bf16 q; pointers and strides divisible by 16), and reads the machine
-code (SASS): registers a thread, shared memory, and how many instructions of each kind the
-kernel holds (static counts; the token loop is most of the kernel). Lesson 10 prints them next
-to the H200 times:
+This compiles ``paged_decode_kernel`` for a few cache formats and launch configs
+(:mod:`paged_ref.course.sm90`), specialised as a launch on the standard shape would be (32
+query / 8 KV heads, head_dim 128, blocks of 16, bf16 q; pointers and strides divisible by 16),
+and reads the machine code (SASS): registers a thread, shared memory, and how many
+instructions of each kind the kernel holds (static counts; the token loop is most of the
+kernel). Lesson 10 prints them next to the H200 times:
 
 * ``LDSM`` (``ldmatrix``) loads a tensor-core operand from shared memory 16 bytes a thread at
   a time; it moves 16-bit elements, and transposes them if asked. ``LDS`` loads 1-16 bytes.
@@ -16,30 +15,25 @@ to the H200 times:
     python tools/sass_mix.py            # writes benchmarks/sm90_sass_mix.json
     python tools/sass_mix.py --only bf16 --out /tmp/mix.json
 
-Takes about 30 s on a CPU.
+Takes about 10 s on a CPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for real (set before triton is imported)
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from paged_ref.course.results import environment, write_result  # noqa: E402
+from paged_ref.course.sm90 import compile_sm90, sass_report  # noqa: E402
 from paged_ref.kernels import triton_decode  # noqa: E402
 
 #: Instruction kinds reported (the rest are counted in ``total``).
@@ -53,7 +47,7 @@ KERNELS = [
     ("int4, 32 tokens, 4 warps (default until 2026-11-30)", "int4", 32, 4, 4, False),
     ("int4, 64 tokens, 2 warps, prefetch (default)", "int4", 64, 2, 1, True),
 ]
-CACHE_TYPES = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int4": "*u8"}
+CACHE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "int4": 3}
 SHAPE = dict(BLOCK_SIZE=16, GROUP=4, GROUP_PAD=16, HEAD_DIM=128, HEAD_DIM_PAD=128)
 #: Scale strides that a launch on the standard shape passes (block, token, head): fp8 per
@@ -62,57 +56,24 @@ SCALE_STRIDES = {"bf16": (0, 0, 0), "fp8": (0, 0, 0), "int4": (256, 16, 2)}
 
 
 def compile_decode(fmt: str, tile: int, warps: int, stages: int, prefetch: bool = False):
-    """``paged_decode_kernel`` compiled for sm_90 (Triton's CompiledKernel)."""
+    """``paged_decode_kernel`` compiled for sm_90 (Triton's CompiledKernel), as launched on the
+    standard shape: every pointer aligned, every integer divisible by 16 but the scale strides."""
     kernel = triton_decode.paged_decode_kernel
     constexprs = dict(SHAPE, TILE=tile, DOT_PRECISION="tf32", DOT_UPCAST=False,
                       KV_FORMAT=FORMAT_CODES[fmt], INT4_GROUPS=2, PREFETCH=prefetch)
-    scale_strides = dict(zip(("stride_sb", "stride_st", "stride_sh"), SCALE_STRIDES[fmt],
-                             strict=True))
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            if name in ("k_cache_ptr", "v_cache_ptr"):
-                signature[name] = CACHE_TYPES[fmt]
-            elif name in ("out_ptr", "q_ptr"):
-                signature[name] = "*bf16"
-            elif "scale" in name or "zero" in name:
-                signature[name] = "*fp16" if fmt == "int4" else "*fp32"
-            else:
-                signature[name] = "*i32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    values = dict(zip(("stride_sb", "stride_st", "stride_sh"), SCALE_STRIDES[fmt], strict=True))
+    for name in kernel.arg_names:
+        if name.endswith("_ptr"):  # only the dtype of these is read
+            values[name] = torch.empty(0, dtype=(
+                CACHE_DTYPES[fmt] if name in ("k_cache_ptr", "v_cache_ptr")
+                else torch.bfloat16 if name in ("out_ptr", "q_ptr")
+                else (torch.float16 if fmt == "int4" else torch.float32)
+                if "scale" in name or "zero" in name else torch.int32))
         elif name == "qk_scale":
-            signature[name] = "fp32"
-        elif scale_strides.get(name, 16) == 1:  # an integer 1 is a compile-time constant
-            signature[name], constexprs[name] = "constexpr", 1
+            values[name] = 0.125
         else:
-            signature[name] = "i32"
-            if scale_strides.get(name, 16) % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
-
-
-def sass_report(compiled) -> dict:
-    """Registers, shared memory and instruction counts of a compiled kernel's SASS."""
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], check=True,
-                               capture_output=True, text=True).stdout
-        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin], check=True,
-                              capture_output=True, text=True).stdout
-    counts = collections.Counter()
-    for line in sass.splitlines():  # "  /*0120*/  @!P0 LDS.U8 R4, [R2+0x10] ;"
-        m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
-        if m:
-            counts[m.group(1)] += 1
-    return dict(registers=int(re.search(r"REG:(\d+)", usage).group(1)),
-                shared_bytes=compiled.metadata.shared, total=sum(counts.values()),
-                **{kind: counts[kind] for kind in KINDS})
+            values.setdefault(name, 16)
+    return compile_sm90(kernel, values, constexprs, dict(num_warps=warps, num_stages=stages))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = dict(label=label, format=fmt, tile=tile, warps=warps, stages=stages,
                    prefetch=prefetch,
-                   **sass_report(compile_decode(fmt, tile, warps, stages, prefetch)))
+                   **sass_report(compile_decode(fmt, tile, warps, stages, prefetch), KINDS))
         row["programs_per_sm_by_registers"] = 65536 // (row["registers"] * 32 * warps)
         result["rows"].append(row)
         print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)

@@ -69,6 +69,7 @@ import triton
 import triton.language as tl
 from quant_probe import start  # (this folder is on sys.path when the script runs)
 
+from paged_ref.course import sm90
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.timing import time_ms
 
@@ -325,9 +326,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-#: Triton's names of the dtypes of the kernel's tensors.
-TRITON_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
-                 torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32"}
 #: PTX instructions counted by ``--ptx``: loads to registers, 16-byte / smaller async copies to
 #: shared memory,
 #: shared-memory reads, the two MMA kinds, fp8 -> float16 conversions.
@@ -337,36 +335,13 @@ PTX_COUNTS = ("ld.global", "cp.async.cg", "cp.async.ca", "ld.shared", "ldmatrix"
 
 def compile_sm90(var: Variant, inp: Inputs):
     """Compile ``var`` for an H100/H200 (sm_90) without a GPU, specialised as a launch on
-    ``inp`` would be (pointers and integers divisible by 16 marked so, integers equal to 1
-    made constants). Needs ``TRITON_INTERPRET=0``; returns Triton's compiled kernel (``.asm``
-    holds ``ttgir``, ``ptx``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    if not isinstance(pv_probe_kernel, triton.runtime.JITFunction):
-        raise RuntimeError("compiling needs TRITON_INTERPRET=0 (set before starting Python)")
+    ``inp`` would be (:func:`paged_ref.course.sm90.compile_sm90`). Needs
+    ``TRITON_INTERPRET=0``; returns Triton's compiled kernel (``.asm`` holds ``ttgir``, ``ptx``)."""
     run = launcher(var, inp, torch.empty_like(inp.q))
     constexprs = dict(run.keywords)
     options = dict(num_warps=constexprs.pop("num_warps"), num_stages=constexprs.pop("num_stages"))
-    signature, attrs = {}, {}
-    for i, name in enumerate(pv_probe_kernel.arg_names):
-        value = run.args[i] if i < len(run.args) else constexprs[name]
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + TRITON_DTYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif value == 1:
-            signature[name] = "constexpr"
-            constexprs[name] = 1
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(pv_probe_kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    values = dict(zip(pv_probe_kernel.arg_names, run.args, strict=False))
+    return sm90.compile_sm90(pv_probe_kernel, values, constexprs, options)
 
 
 def ptx_report(only: str = "") -> list[dict]:
