@@ -1,0 +1,346 @@
+// Paged decode attention over an FP8 (e4m3) KV cache, hand-written for NVIDIA GPUs with
+// FP8 conversion instructions (compute capability 8.9+: Ada, Hopper, Blackwell).
+//
+// Why a CUDA kernel next to the Triton ones? Lesson 10 measured the Triton FP8 kernel at
+// ~2/3 of copy bandwidth: per token it issues ~3x the instructions of the bf16 kernel (the
+// 8-bit V tile reaches the tensor cores through byte-wide shared-memory loads, because
+// ldmatrix.trans moves 16-bit elements only). Here every operand goes from global memory
+// straight into the registers an MMA wants, with no shared memory in the loop:
+//
+// * one warp owns whole 16-token tiles (warp w of a CTA takes tiles w, w + 4, ...), with its
+//   own online softmax; the four warps of a CTA merge once at the end;
+// * S = Q K^T and O += P V are mma.sync m16n8k16 (float16 in, float32 accumulate): rows are
+//   the query heads of one KV head (GROUP <= 8 of the 16 rows are real);
+// * the order of a dot product's terms is free, so each thread's channels are chosen to be
+//   contiguous in memory: for K a thread loads 32 bytes of one token (D = 128), for V 16 bytes
+//   of each of 4 tokens; Q (loaded once) and the output use the same channel order;
+// * V's MMA operand wants two *tokens* of one channel in each 16-bit half: two byte permutes
+//   (prmt) build them from two token rows, then one cvt.rn.f16x2.e4m3x2 makes two float16s;
+// * P comes out of the S accumulator already in the A-operand layout of the P V MMA;
+// * the next tile's bytes are loaded into registers before this tile is used.
+//
+// Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
+// scales float32 (one per tensor, or one per token-head [num_blocks, block_size, Hkv]).
+// Long sequences are cut into chunks (blockIdx.x); each chunk writes a normalised partial
+// output and its log2-sum-exp, and fp8_merge combines them.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define WARPS 4
+#define TILE 16
+#define MAX_GROUP 8
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
+  // low byte -> low float16, next byte -> high float16
+  uint32_t r;
+  unsigned short x = (unsigned short)(two_codes & 0xFFFF);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// c += a (16x16, row) * b (16x8, col); float16 inputs, float32 accumulators.
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int NWORDS>
+__device__ __forceinline__ void load_words(uint32_t (&dst)[NWORDS], const uint8_t* src,
+                                           bool valid) {
+  // NWORDS 32-bit words from a 16-byte-aligned (NWORDS = 2: 8-byte-aligned) address, or 0
+  if (!valid) {
+#pragma unroll
+    for (int i = 0; i < NWORDS; ++i) dst[i] = 0;
+    return;
+  }
+  if constexpr (NWORDS % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < NWORDS; i += 4) {
+      uint4 w = __ldg(reinterpret_cast<const uint4*>(src) + i / 4);
+      dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
+    }
+  } else {
+    uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
+    dst[0] = w.x; dst[1] = w.y;
+  }
+}
+
+struct Args {
+  const void* q;              // [B, Hq, D] float16 / bfloat16
+  const uint8_t* k;           // e4m3 codes [num_blocks, block_size, Hkv, D]
+  const uint8_t* v;
+  const float* k_scale;       // [] or [num_blocks, block_size, Hkv]
+  const float* v_scale;
+  const int* block_tables;    // [B, max_blocks] int32
+  const int* seq_lens;        // [B] int32
+  void* out;                  // [B, Hq, D], q's dtype (one chunk)
+  float* part_o;              // [B, Hq, max_chunks, D] float32 (several chunks)
+  float* part_lse;            // [B, Hq, max_chunks]: log2 of the chunk's sum of exp2
+  long long q_sb, q_sh;       // strides (elements)
+  long long o_sb, o_sh;
+  long long c_sb, c_st, c_sh; // cache strides (elements = bytes)
+  long long s_sb, s_st, s_sh; // token-head scale strides (0 for a per-tensor scale)
+  long long table_sb;
+  int block_shift;            // log2(block_size): block sizes are powers of two here
+  int group, chunk_len, max_chunks;
+  float qk_scale_log2;        // softmax scale * log2(e)
+};
+
+// One thread's bytes of one 16-token tile: K of tokens g and g + 8 (D/4 bytes each, from
+// channel t * D/4), V of tokens 2t, 2t+1, 2t+8, 2t+9 (D/8 bytes each, from channel g * D/8).
+template <int D>
+struct TileBytes {
+  uint32_t k[2][D / 16];
+  uint32_t v[4][D / 32];
+  float ks[4], vs[4];  // per-token-head scales of tokens 2t, 2t+1, 2t+8, 2t+9
+};
+
+template <int D, bool TOKEN_SCALE>
+__device__ __forceinline__ void load_tile(TileBytes<D>& tb, const Args& a, const int* table,
+                                          int head, int t0, int end, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    int tok = t0 + 8 * j + g;
+    bool ok = tok < end;
+    long long blk = ok ? table[tok >> a.block_shift] : 0;
+    int slot = tok & ((1 << a.block_shift) - 1);
+    const uint8_t* p = a.k + blk * a.c_sb + slot * a.c_st + head * a.c_sh +
+                       t * (D / 4);
+    load_words<D / 16>(tb.k[j], p, ok);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int tok = t0 + 2 * t + (j & 1) + 8 * (j >> 1);
+    bool ok = tok < end;
+    long long blk = ok ? table[tok >> a.block_shift] : 0;
+    int slot = tok & ((1 << a.block_shift) - 1);
+    load_words<D / 32>(tb.v[j], a.v + blk * a.c_sb + slot * a.c_st + head * a.c_sh + g * (D / 8),
+                       ok);
+    if constexpr (TOKEN_SCALE) {
+      long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
+      tb.ks[j] = ok ? __ldg(a.k_scale + s) : 0.f;
+      tb.vs[j] = ok ? __ldg(a.v_scale + s) : 0.f;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T, int D, bool TOKEN_SCALE>
+__device__ void fp8_decode(const Args& a) {
+  constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
+  constexpr int NTILES = D / 8;   // n-tiles of O = P V (8 channels each)
+  const int chunk = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int seq_len = a.seq_lens[b];
+  const int start = chunk * a.chunk_len;
+  const int end = min(seq_len, start + a.chunk_len);
+  const int n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
+  if (chunk > 0 && chunk >= n_chunks) return;  // past this sequence's end (chunk 0 writes
+                                               // zeros for an empty one)
+  const int* table = a.block_tables + b * a.table_sb;
+
+  __shared__ float sm_o[WARPS][MAX_GROUP][D];
+  __shared__ float sm_m[WARPS][MAX_GROUP], sm_l[WARPS][MAX_GROUP];
+
+  // Q as A fragments (row g = query head kv_head * group + g; rows >= group and 8..15 are 0).
+  // k-step s, slots (2t, 2t+1, 2t+8, 2t+9) <-> channels t * D/4 + 4 s + (0, 1, 2, 3).
+  uint32_t qa[KSTEPS][4];
+  {
+    const T* qrow = reinterpret_cast<const T*>(a.q) + b * a.q_sb +
+                    (long long)(kv_head * a.group + g) * a.q_sh + t * (D / 4);
+    bool real = g < a.group;
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+      float x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = real ? to_float(qrow[4 * s + i]) : 0.f;
+      qa[s][0] = pack_f16x2(x[0], x[1]);
+      qa[s][1] = 0;
+      qa[s][2] = pack_f16x2(x[2], x[3]);
+      qa[s][3] = 0;
+    }
+  }
+  float o[NTILES][4];
+#pragma unroll
+  for (int j = 0; j < NTILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m = -INFINITY, l = 0.f;  // row g's running max (log2 units) and this thread's sum
+
+  const float k_scale = TOKEN_SCALE ? 1.f : __ldg(a.k_scale);
+  const float score_scale = a.qk_scale_log2 * k_scale;
+
+  TileBytes<D> cur, nxt;
+  int t0 = start + warp * TILE;
+  if (t0 < end) load_tile<D, TOKEN_SCALE>(cur, a, table, kv_head, t0, end, g, t);
+  for (; t0 < end; t0 += WARPS * TILE) {
+    const int t_next = t0 + WARPS * TILE;
+    if (t_next < end) load_tile<D, TOKEN_SCALE>(nxt, a, table, kv_head, t_next, end, g, t);
+
+    // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
+    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int s = 0; s < KSTEPS; ++s) {
+        uint32_t w = cur.k[j][s];
+        mma_16816(c[j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+      }
+    }
+    float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int tok = t0 + 2 * t + (i & 1) + 8 * (i >> 1);
+      float sc = TOKEN_SCALE ? score_scale * cur.ks[i] : score_scale;
+      x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;
+    }
+    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(m, mx);  // finite: the tile has a real token
+    const float alpha = fast_exp2(m - m_new);
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
+    l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
+    m = m_new;
+    if (TOKEN_SCALE) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] *= cur.vs[i];
+    }
+    // P as the A fragment of O += P V: k-slot i <-> token t0 + i
+    const uint32_t pa[4] = {pack_f16x2(p[0], p[1]), 0u, pack_f16x2(p[2], p[3]), 0u};
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+      o[j][0] *= alpha;
+      o[j][1] *= alpha;
+    }
+    // V: n-tile j, column n <-> channel n * D/8 + j. Thread (g, t) holds channels g * D/8 + .
+    // of tokens 2t, 2t+1 (v[0], v[1]) and 2t+8, 2t+9 (v[2], v[3]).
+#pragma unroll
+    for (int w = 0; w < D / 32; ++w) {
+      const uint32_t lo01 = prmt(cur.v[0][w], cur.v[1][w], 0x5140);  // ch 4w, 4w+1
+      const uint32_t hi01 = prmt(cur.v[0][w], cur.v[1][w], 0x7362);  // ch 4w+2, 4w+3
+      const uint32_t lo23 = prmt(cur.v[2][w], cur.v[3][w], 0x5140);
+      const uint32_t hi23 = prmt(cur.v[2][w], cur.v[3][w], 0x7362);
+      mma_16816(o[4 * w + 0], pa, e4m3x2_to_f16x2(lo01), e4m3x2_to_f16x2(lo23));
+      mma_16816(o[4 * w + 1], pa, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16));
+      mma_16816(o[4 * w + 2], pa, e4m3x2_to_f16x2(hi01), e4m3x2_to_f16x2(hi23));
+      mma_16816(o[4 * w + 3], pa, e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16));
+    }
+    cur = nxt;
+  }
+  l += __shfl_xor_sync(0xffffffff, l, 1);
+  l += __shfl_xor_sync(0xffffffff, l, 2);
+
+  // The four warps' (m, l, O) -> one. Thread (g, t) holds row g, channels
+  // 2t * D/8 + j (o[j][0]) and (2t + 1) * D/8 + j (o[j][1]).
+  if (g < a.group) {
+    if (t == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+      sm_o[warp][g][2 * t * (D / 8) + j] = o[j][0];
+      sm_o[warp][g][(2 * t + 1) * (D / 8) + j] = o[j][1];
+    }
+  }
+  __syncthreads();
+  const float v_scale = TOKEN_SCALE ? 1.f : __ldg(a.v_scale);
+  for (int idx = threadIdx.x; idx < a.group * D; idx += WARPS * 32) {
+    const int row = idx / D, ch = idx % D;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, sm_m[w][row]);
+    float den = 0.f, num = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float f = sm_m[w][row] == -INFINITY ? 0.f : fast_exp2(sm_m[w][row] - mm);
+      den += f * sm_l[w][row];
+      num += f * sm_o[w][row][ch];
+    }
+    const int qh = kv_head * a.group + row;
+    const float val = end > start ? num / den * v_scale : 0.f;
+    if (n_chunks <= 1) {
+      T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
+      *out = from_float<T>(val);
+    } else if (chunk < n_chunks) {
+      const long long r = ((long long)b * gridDim.y * a.group + qh) * a.max_chunks + chunk;
+      a.part_o[r * D + ch] = val;
+      if (ch == 0) a.part_lse[r] = mm + __log2f(den);
+    }
+  }
+}
+
+// Combine the chunks of each (sequence, query head): grid (Hq, B), D threads.
+template <typename T, int D>
+__device__ void fp8_merge(const Args& a) {
+  const int qh = blockIdx.x, b = blockIdx.y, ch = threadIdx.x;
+  const int n_chunks = (a.seq_lens[b] + a.chunk_len - 1) / a.chunk_len;
+  if (n_chunks <= 1) return;  // written by fp8_decode
+  const long long r0 = ((long long)b * gridDim.x + qh) * a.max_chunks;
+  float mm = -INFINITY;
+  for (int c = 0; c < n_chunks; ++c) mm = fmaxf(mm, a.part_lse[r0 + c]);
+  float den = 0.f, num = 0.f;
+  for (int c = 0; c < n_chunks; ++c) {
+    const float f = fast_exp2(a.part_lse[r0 + c] - mm);
+    den += f;
+    num += f * a.part_o[(r0 + c) * D + ch];
+  }
+  T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
+  *out = from_float<T>(num / den);
+}
+
+// extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], fp8_merge_...
+#define DECODE(NAME, T, D, TOKEN)                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const Args a) {           \
+    fp8_decode<T, D, TOKEN>(a);                                                          \
+  }
+#define MERGE(NAME, T, D) \
+  extern "C" __global__ void NAME(const Args a) { fp8_merge<T, D>(a); }
+#define ALL(TN, T, D)                                   \
+  DECODE(fp8_decode_##TN##_d##D, T, D, false)           \
+  DECODE(fp8_decode_##TN##_d##D##_token, T, D, true)    \
+  MERGE(fp8_merge_##TN##_d##D, T, D)
+
+ALL(f16, __half, 64)
+ALL(f16, __half, 128)
+ALL(f16, __half, 256)
+ALL(bf16, __nv_bfloat16, 64)
+ALL(bf16, __nv_bfloat16, 128)
+ALL(bf16, __nv_bfloat16, 256)

@@ -1,0 +1,60 @@
+"""The hand-written CUDA FP8 decode kernel (paged_ref.kernels.cuda_fp8) on a GPU with FP8
+conversions and nvcc (skipped elsewhere): against the float64 answer for the de-quantised
+cache on ragged lengths, shuffled tables, garbage in unused table entries and NaN in unused
+slots, every head_dim / group / block size it takes, split into chunks and not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_ref.course.checks import assert_close
+from paged_ref.course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.cuda_fp8 import cuda_fp8_available, paged_attention_cuda_fp8
+
+pytestmark = pytest.mark.skipif(not cuda_fp8_available(), reason="needs an sm_89+ GPU and nvcc")
+
+CASES = [
+    # lengths, block_size, head_dim, num_q_heads, num_kv_heads, q dtype
+    ([0, 1, 15, 16, 17, 63, 64, 65, 300], 16, 128, 32, 8, torch.bfloat16),
+    (ragged_lengths(9, 1, 3000, seed=1), 16, 128, 32, 8, torch.float16),
+    ([1, 2, 33, 64, 65, 129], 1, 128, 8, 8, torch.bfloat16),
+    ([5, 700, 1000], 32, 64, 9, 3, torch.bfloat16),
+    ([40000], 16, 64, 8, 1, torch.bfloat16),
+    ([77, 1500], 8, 256, 16, 2, torch.float16),
+]
+
+
+@pytest.mark.parametrize("chunk_len", [None, 64, 320])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head"])
+def test_cuda_fp8_matches_float64(fmt, case, chunk_len):
+    lens, bs, d, hq, hkv, dtype = CASES[case]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
+    out = paged_attention_cuda_fp8(*inp.args(), chunk_len=chunk_len)
+    assert_close(out, inp.reference(), name=f"cuda {fmt} case {case} chunk {chunk_len}")
+
+
+def test_cuda_fp8_strided_q_and_out_and_scale():
+    inp = make_paged_inputs([100, 2000], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=5).quantized("fp8")
+    q = torch.empty(2, 64, 128, dtype=torch.bfloat16, device="cuda")[:, ::2]
+    q.copy_(inp.q)
+    out = torch.zeros(2, 32, 256, dtype=torch.bfloat16, device="cuda")[..., :128]
+    got = paged_attention_cuda_fp8(q, inp.k_cache, inp.v_cache, inp.block_tables,
+                                   inp.seq_lens, scale=0.3, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_close(out, inp.reference(scale=0.3), name="strided q/out, scale 0.3")
+
+
+@pytest.mark.parametrize("what", ["int4", "bf16", "float32 q", "block 12", "group 16"])
+def test_cuda_fp8_refuses_what_it_does_not_read(what):
+    hq, bs = (64 if what == "group 16" else 32), (12 if what == "block 12" else 16)
+    inp = make_paged_inputs([50], num_q_heads=hq, num_kv_heads=4, head_dim=128, block_size=bs,
+                            dtype=torch.bfloat16, device="cuda")
+    if what != "bf16":
+        inp = inp.quantized("int4" if what == "int4" else "fp8")
+    q = inp.q.float() if what == "float32 q" else inp.q
+    with pytest.raises((TypeError, ValueError), match="CUDA FP8 kernel"):
+        paged_attention_cuda_fp8(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)

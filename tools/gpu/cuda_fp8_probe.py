@@ -1,0 +1,62 @@
+"""First look at the hand-written CUDA FP8 decode kernel (paged_ref/kernels/cuda_fp8.py) on
+one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
+float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a small
+sweep of tokens per CTA (``chunk_len``). Writes ``$OUT/cuda_fp8_probe.json``.
+
+    OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from paged_ref.course.bench import CASES, SHAPE, bytes_moved
+from paged_ref.course.bench_quant import float64_reference, our_runners
+from paged_ref.course.checks import relative_error
+from paged_ref.course.results import environment, write_result
+from paged_ref.course.testing import make_paged_inputs
+from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.kernels.cuda_fp8 import paged_attention_cuda_fp8
+
+LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
+
+
+def main() -> None:
+    copy_bw = copy_bandwidth_gbps()
+    rows = []
+    for name in LARGE:
+        lens = CASES[name]
+        plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
+        for fmt in ("fp8", "fp8_token_head"):
+            inp = plain.quantized(fmt)
+            ref = float64_reference(inp)
+            nbytes = bytes_moved(inp)
+            args = inp.args()
+            out = torch.empty_like(inp.q)
+            runners = {label: fn for label, (_, _, fn) in our_runners(inp).items()}
+            max_len = max(lens)
+            for chunk in (None, 512, 1024, 2048, 4096):
+                if chunk is not None and chunk >= max_len:
+                    continue
+                runners[f"cuda[chunk={chunk}]"] = (
+                    lambda c=chunk, a=args, o=out, n=max_len: paged_attention_cuda_fp8(
+                        *a, out=o, chunk_len=c, max_len=n))
+            for label, fn in runners.items():
+                err = relative_error(fn().float(), ref)
+                ms = time_ms(fn)
+                rate = gbps(nbytes, ms)
+                row = dict(case=name, kv_format=fmt, label=label, ms=ms, rel_err=err,
+                           pct_copy_bw=100 * rate / copy_bw)
+                print(row, flush=True)
+                rows.append(row)
+            del inp, ref
+            torch.cuda.empty_cache()
+        write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
+                     Path(os.environ.get("OUT", "."), "cuda_fp8_probe.json"))
+
+
+if __name__ == "__main__":
+    main()
