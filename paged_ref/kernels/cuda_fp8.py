@@ -36,7 +36,10 @@ from paged_ref.quant import QuantizedKV
 
 SOURCE = Path(__file__).with_name("cuda_fp8_decode.cu")
 WARPS = 4  # as in the .cu file
+TILE = 16
 MAX_GROUP = 8
+#: Tiles in each warp's shared-memory ring (the .cu file's STAGES): STAGES - 1 in flight.
+DEFAULT_STAGES = 4
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -67,18 +70,26 @@ def cuda_fp8_available(device: torch.device | str | None = None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def compile_cubin(arch: str) -> Path:
-    """``cuda_fp8_decode.cu`` compiled for ``arch`` (e.g. ``"sm_90"``), cached by source hash."""
+def shared_bytes(head_dim: int, stages: int) -> int:
+    """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: K and
+    V rows of ``head_dim + 16`` bytes, and 2 x 16 float32 scales)."""
+    return WARPS * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
+
+
+def compile_cubin(arch: str, stages: int = DEFAULT_STAGES) -> Path:
+    """``cuda_fp8_decode.cu`` compiled for ``arch`` (e.g. ``"sm_90"``) with ``STAGES``,
+    cached by source hash."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("the CUDA FP8 kernel needs nvcc (set CUDA_HOME or put nvcc on PATH)")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("PAGED_REF_CACHE", Path.home() / ".cache" / "paged_ref"))
-    cubin = cache / f"cuda_fp8_decode_{digest}_{arch}.cubin"
+    cubin = cache / f"cuda_fp8_decode_{digest}_{arch}_s{stages}.cubin"
     if not cubin.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = cubin.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", str(tmp), str(SOURCE)]
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", f"-DSTAGES={stages}",
+               "-o", str(tmp), str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -97,10 +108,11 @@ def _driver() -> ctypes.CDLL:
 
 
 @functools.cache
-def _function(device_index: int, name: str) -> ctypes.c_void_p:
-    """Kernel ``name`` from the cubin, loaded into ``device_index``'s (primary) context."""
+def _function(device_index: int, name: str, stages: int, smem: int) -> ctypes.c_void_p:
+    """Kernel ``name`` from the cubin, loaded into ``device_index``'s (primary) context and
+    allowed ``smem`` bytes of dynamic shared memory."""
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin(f"sm_{major}{minor}")
+    cubin = compile_cubin(f"sm_{major}{minor}", stages)
     with torch.cuda.device(device_index):
         torch.cuda.current_stream().synchronize()  # makes torch's context current here
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
@@ -108,13 +120,15 @@ def _function(device_index: int, name: str) -> ctypes.c_void_p:
                "cuModuleLoadData")
         _check(_driver().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
                f"cuModuleGetFunction({name})")
+        max_dynamic_shared = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(_driver().cuFuncSetAttribute(fn, max_dynamic_shared, smem), "cuFuncSetAttribute")
     return fn
 
 
-def _launch(fn, grid, threads, args: _Args, stream: int) -> None:
+def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
     argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
-    _check(_driver().cuLaunchKernel(fn, *grid, threads, 1, 1, 0, ctypes.c_void_p(stream), argv,
-                                    None), "cuLaunchKernel")
+    _check(_driver().cuLaunchKernel(fn, *grid, threads, 1, 1, smem, ctypes.c_void_p(stream),
+                                    argv, None), "cuLaunchKernel")
 
 
 def default_chunk_len(batch: int, num_kv_heads: int, max_len: int, sms: int) -> int:
@@ -127,7 +141,7 @@ def default_chunk_len(batch: int, num_kv_heads: int, max_len: int, sms: int) -> 
     return max(256, 256 * math.ceil(max_len / chunks / 256))
 
 
-def check_fp8_inputs(q, k_cache, v_cache) -> str:
+def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
     """Raise a clear error for what this kernel does not read; the kernel-name suffix."""
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(c, QuantizedKV) or c.format.kind != "fp8":
@@ -147,23 +161,27 @@ def check_fp8_inputs(q, k_cache, v_cache) -> str:
     if q.shape[1] // num_kv_heads > MAX_GROUP:
         raise ValueError(f"the CUDA FP8 kernel takes up to {MAX_GROUP} query heads per KV "
                          f"head, got {q.shape[1] // num_kv_heads}")
+    if not 2 <= stages <= 8:
+        raise ValueError(f"stages must be 2..8, got {stages}")
     if q.stride(-1) != 1:
         raise ValueError("q's head_dim must be contiguous (stride 1) for the CUDA FP8 kernel")
     return "_token" if k_cache.format.scale_per == "token_head" else ""
 
 
 def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
-                             out=None, chunk_len=None, max_len=None) -> torch.Tensor:
+                             out=None, chunk_len=None, max_len=None,
+                             stages=DEFAULT_STAGES) -> torch.Tensor:
     """Decode attention over FP8 caches with the CUDA kernel (see the module docstring).
 
-    ``chunk_len`` (tokens per CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
+    ``stages``: tiles in each warp's shared-memory ring (>= 2). ``chunk_len`` (tokens per
+    CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
     longest sequence) is read from ``seq_lens`` when not given (one read-back). Returns
     ``[batch, Hq, head_dim]`` in q's dtype (``out`` when given).
     """
     from paged_ref.validation import check_out, check_shapes, check_values
 
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    suffix = check_fp8_inputs(q, k_cache, v_cache)
+    suffix = check_fp8_inputs(q, k_cache, v_cache, stages)
     if max_len is None:
         max_len = check_values(block_tables, seq_lens, shapes).max_len
     if out is None:
@@ -204,11 +222,12 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
         args.table_sb = block_tables.stride(0)
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    _launch(_function(device, f"fp8_decode_{name}{suffix}"), (max_chunks, num_kv_heads, batch),
-            WARPS * 32, args, stream)
+    smem = shared_bytes(head_dim, stages)
+    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, smem),
+            (max_chunks, num_kv_heads, batch), WARPS * 32, smem, args, stream)
     if max_chunks > 1:
-        _launch(_function(device, f"fp8_merge_{name}"), (num_q_heads, batch, 1), head_dim,
-                args, stream)
+        _launch(_function(device, f"fp8_merge_{name}", stages, 0), (num_q_heads, batch, 1),
+                head_dim, 0, args, stream)
         # (the temporaries are freed when this call returns; the caching allocator keeps them
         # for later work on this stream only, which runs after the kernels)
     return out

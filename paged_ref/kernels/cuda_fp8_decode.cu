@@ -31,6 +31,9 @@
 #define WARPS 4
 #define TILE 16
 #define MAX_GROUP 8
+#ifndef STAGES
+#define STAGES 4  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
+#endif
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
   // low byte -> low float16, next byte -> high float16
@@ -66,25 +69,21 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int NWORDS>
-__device__ __forceinline__ void load_words(uint32_t (&dst)[NWORDS], const uint8_t* src,
-                                           bool valid) {
-  // NWORDS 32-bit words from a 16-byte-aligned (NWORDS = 2: 8-byte-aligned) address, or 0
-  if (!valid) {
-#pragma unroll
-    for (int i = 0; i < NWORDS; ++i) dst[i] = 0;
-    return;
-  }
-  if constexpr (NWORDS % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < NWORDS; i += 4) {
-      uint4 w = __ldg(reinterpret_cast<const uint4*>(src) + i / 4);
-      dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
-    }
-  } else {
-    uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
-    dst[0] = w.x; dst[1] = w.y;
-  }
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
+  // 16 bytes global -> shared without passing through registers; zeros when !valid
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {  // all but the newest N groups have landed
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 struct Args {
@@ -108,41 +107,59 @@ struct Args {
   float qk_scale_log2;        // softmax scale * log2(e)
 };
 
-// One thread's bytes of one 16-token tile: K of tokens g and g + 8 (D/4 bytes each, from
-// channel t * D/4), V of tokens 2t, 2t+1, 2t+8, 2t+9 (D/8 bytes each, from channel g * D/8).
+// One warp's stage of the shared-memory ring: a 16-token tile of K and V codes, rows padded
+// by 16 bytes (so the fragment reads below hit 32 different banks), and the token-head scales.
 template <int D>
-struct TileBytes {
-  uint32_t k[2][D / 16];
-  uint32_t v[4][D / 32];
-  float ks[4], vs[4];  // per-token-head scales of tokens 2t, 2t+1, 2t+8, 2t+9
+struct Stage {
+  static constexpr int ROW = D + 16;
+  uint8_t k[TILE * ROW];
+  uint8_t v[TILE * ROW];
+  float ks[TILE], vs[TILE];
 };
+// (cuda_fp8.py's shared_bytes mirrors this size; the final merge of the warps reuses the ring)
+static_assert(sizeof(Stage<128>) == 2 * TILE * (128 + 16) + 2 * TILE * 4, "Stage size");
+static_assert(WARPS * STAGES * sizeof(Stage<64>) >= WARPS * MAX_GROUP * (64 + 2) * 4, "merge");
 
+// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: 16-byte pieces, 8 lanes
+// per 128 bytes of a token row (coalesced); tokens past `end` are zero-filled, never read.
 template <int D, bool TOKEN_SCALE>
-__device__ __forceinline__ void load_tile(TileBytes<D>& tb, const Args& a, const int* table,
-                                          int head, int t0, int end, int g, int t) {
+__device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const int* table,
+                                          int head, int t0, int end, int lane) {
+  constexpr int PIECES = D / 16;  // per token row
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    int tok = t0 + 8 * j + g;
-    bool ok = tok < end;
-    long long blk = ok ? table[tok >> a.block_shift] : 0;
-    int slot = tok & ((1 << a.block_shift) - 1);
-    const uint8_t* p = a.k + blk * a.c_sb + slot * a.c_st + head * a.c_sh +
-                       t * (D / 4);
-    load_words<D / 16>(tb.k[j], p, ok);
+  for (int i = 0; i < TILE * PIECES / 32; ++i) {
+    const int id = lane + 32 * i, row = id / PIECES, piece = id % PIECES;
+    const int tok = t0 + row;
+    const bool ok = tok < end;
+    const long long blk = ok ? table[tok >> a.block_shift] : 0;
+    const int slot = tok & ((1 << a.block_shift) - 1);
+    const long long off = blk * a.c_sb + slot * a.c_st + head * a.c_sh + piece * 16;
+    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, a.k + off, ok);
+    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, a.v + off, ok);
   }
+  if constexpr (TOKEN_SCALE) {
+    const int row = lane % TILE, tok = t0 + row;
+    const bool ok = tok < end;
+    const long long blk = ok ? table[tok >> a.block_shift] : 0;
+    const int slot = tok & ((1 << a.block_shift) - 1);
+    const long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
+    if (lane < TILE) cp_async_4(st.ks + row, a.k_scale + s, ok);
+    else cp_async_4(st.vs + row, a.v_scale + s, ok);
+  }
+}
+
+template <int NWORDS>
+__device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_t* src) {
+  // NWORDS 32-bit words of shared memory (16-byte aligned; 8 when NWORDS == 2)
+  if constexpr (NWORDS % 4 == 0) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    int tok = t0 + 2 * t + (j & 1) + 8 * (j >> 1);
-    bool ok = tok < end;
-    long long blk = ok ? table[tok >> a.block_shift] : 0;
-    int slot = tok & ((1 << a.block_shift) - 1);
-    load_words<D / 32>(tb.v[j], a.v + blk * a.c_sb + slot * a.c_st + head * a.c_sh + g * (D / 8),
-                       ok);
-    if constexpr (TOKEN_SCALE) {
-      long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
-      tb.ks[j] = ok ? __ldg(a.k_scale + s) : 0.f;
-      tb.vs[j] = ok ? __ldg(a.v_scale + s) : 0.f;
+    for (int i = 0; i < NWORDS; i += 4) {
+      const uint4 w = reinterpret_cast<const uint4*>(src)[i / 4];
+      dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
     }
+  } else {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    dst[0] = w.x; dst[1] = w.y;
   }
 }
 
@@ -178,8 +195,8 @@ __device__ void fp8_decode(const Args& a) {
                                                // zeros for an empty one)
   const int* table = a.block_tables + b * a.table_sb;
 
-  __shared__ float sm_o[WARPS][MAX_GROUP][D];
-  __shared__ float sm_m[WARPS][MAX_GROUP], sm_l[WARPS][MAX_GROUP];
+  extern __shared__ __align__(16) uint8_t smem[];  // STAGES tiles per warp, then reused
+  Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
 
   // Q as A fragments (row g = query head kv_head * group + g; rows >= group and 8..15 are 0).
   // k-step s, slots (2t, 2t+1, 2t+8, 2t+9) <-> channels t * D/4 + 4 s + (0, 1, 2, 3).
@@ -207,12 +224,31 @@ __device__ void fp8_decode(const Args& a) {
   const float k_scale = TOKEN_SCALE ? 1.f : __ldg(a.k_scale);
   const float score_scale = a.qk_scale_log2 * k_scale;
 
-  TileBytes<D> cur, nxt;
-  int t0 = start + warp * TILE;
-  if (t0 < end) load_tile<D, TOKEN_SCALE>(cur, a, table, kv_head, t0, end, g, t);
-  for (; t0 < end; t0 += WARPS * TILE) {
-    const int t_next = t0 + WARPS * TILE;
-    if (t_next < end) load_tile<D, TOKEN_SCALE>(nxt, a, table, kv_head, t_next, end, g, t);
+  // Warp w takes tiles w, w + WARPS, ... of the chunk: tile i of this warp starts at token
+  // first + i * step. The ring keeps STAGES - 1 tiles in flight while one is used.
+  const int first = start + warp * TILE, step = WARPS * TILE;
+  const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n_tiles) copy_tile<D, TOKEN_SCALE>(ring[i], a, table, kv_head, first + i * step, end, lane);
+    cp_async_commit();  // (an empty group keeps the counting uniform)
+  }
+  for (int i = 0; i < n_tiles; ++i) {
+    cp_async_wait<STAGES - 2>();  // tile i has landed (this lane's copies) ...
+    __syncwarp();                 // ... and every lane's; the stage read last step is free
+    const int ahead = i + STAGES - 1;
+    if (ahead < n_tiles)
+      copy_tile<D, TOKEN_SCALE>(ring[ahead % STAGES], a, table, kv_head, first + ahead * step,
+                                end, lane);
+    cp_async_commit();
+    const Stage<D>& st = ring[i % STAGES];
+    const int t0 = first + i * step;
+    uint32_t kw[2][D / 16], vw[4][D / 32];  // this thread's fragment bytes (see the header)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * Stage<D>::ROW + t * (D / 4));
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
     // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
     float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -220,15 +256,15 @@ __device__ void fp8_decode(const Args& a) {
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
-        uint32_t w = cur.k[j][s];
+        uint32_t w = kw[j][s];
         mma_16816(c[j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
       }
     }
     float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      int tok = t0 + 2 * t + (i & 1) + 8 * (i >> 1);
-      float sc = TOKEN_SCALE ? score_scale * cur.ks[i] : score_scale;
+      const int tok = t0 + 2 * t + (i & 1) + 8 * (i >> 1);
+      float sc = TOKEN_SCALE ? score_scale * st.ks[2 * t + (i & 1) + 8 * (i >> 1)] : score_scale;
       x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;
     }
     float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
@@ -243,7 +279,7 @@ __device__ void fp8_decode(const Args& a) {
     m = m_new;
     if (TOKEN_SCALE) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] *= cur.vs[i];
+      for (int i = 0; i < 4; ++i) p[i] *= st.vs[2 * t + (i & 1) + 8 * (i >> 1)];
     }
     // P as the A fragment of O += P V: k-slot i <-> token t0 + i
     const uint32_t pa[4] = {pack_f16x2(p[0], p[1]), 0u, pack_f16x2(p[2], p[3]), 0u};
@@ -256,22 +292,26 @@ __device__ void fp8_decode(const Args& a) {
     // of tokens 2t, 2t+1 (v[0], v[1]) and 2t+8, 2t+9 (v[2], v[3]).
 #pragma unroll
     for (int w = 0; w < D / 32; ++w) {
-      const uint32_t lo01 = prmt(cur.v[0][w], cur.v[1][w], 0x5140);  // ch 4w, 4w+1
-      const uint32_t hi01 = prmt(cur.v[0][w], cur.v[1][w], 0x7362);  // ch 4w+2, 4w+3
-      const uint32_t lo23 = prmt(cur.v[2][w], cur.v[3][w], 0x5140);
-      const uint32_t hi23 = prmt(cur.v[2][w], cur.v[3][w], 0x7362);
+      const uint32_t lo01 = prmt(vw[0][w], vw[1][w], 0x5140);  // ch 4w, 4w+1
+      const uint32_t hi01 = prmt(vw[0][w], vw[1][w], 0x7362);  // ch 4w+2, 4w+3
+      const uint32_t lo23 = prmt(vw[2][w], vw[3][w], 0x5140);
+      const uint32_t hi23 = prmt(vw[2][w], vw[3][w], 0x7362);
       mma_16816(o[4 * w + 0], pa, e4m3x2_to_f16x2(lo01), e4m3x2_to_f16x2(lo23));
       mma_16816(o[4 * w + 1], pa, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16));
       mma_16816(o[4 * w + 2], pa, e4m3x2_to_f16x2(hi01), e4m3x2_to_f16x2(hi23));
       mma_16816(o[4 * w + 3], pa, e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16));
     }
-    cur = nxt;
   }
+  cp_async_wait<0>();
   l += __shfl_xor_sync(0xffffffff, l, 1);
   l += __shfl_xor_sync(0xffffffff, l, 2);
 
-  // The four warps' (m, l, O) -> one. Thread (g, t) holds row g, channels
-  // 2t * D/8 + j (o[j][0]) and (2t + 1) * D/8 + j (o[j][1]).
+  // The four warps' (m, l, O) -> one, in the ring's memory. Thread (g, t) holds row g,
+  // channels 2t * D/8 + j (o[j][0]) and (2t + 1) * D/8 + j (o[j][1]).
+  __syncthreads();
+  float(*sm_o)[MAX_GROUP][D] = reinterpret_cast<float(*)[MAX_GROUP][D]>(smem);
+  float(*sm_m)[MAX_GROUP] = reinterpret_cast<float(*)[MAX_GROUP]>(smem + WARPS * MAX_GROUP * D * 4);
+  float(*sm_l)[MAX_GROUP] = sm_m + WARPS;
   if (g < a.group) {
     if (t == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
 #pragma unroll

@@ -38,12 +38,14 @@ def main() -> None:
             out = torch.empty_like(inp.q)
             runners = {label: fn for label, (_, _, fn) in our_runners(inp).items()}
             max_len = max(lens)
-            for chunk in (None, 512, 1024, 2048, 4096):
-                if chunk is not None and chunk >= max_len:
-                    continue
-                runners[f"cuda[chunk={chunk}]"] = (
-                    lambda c=chunk, a=args, o=out, n=max_len: paged_attention_cuda_fp8(
-                        *a, out=o, chunk_len=c, max_len=n))
+            for chunk in (None, 1024, 2048, 4096):
+                for stages in (2, 3, 4, 6):
+                    if (chunk is not None and chunk >= max_len) or (
+                            fmt != "fp8" and stages != 4):
+                        continue
+                    runners[f"cuda[chunk={chunk},stages={stages}]"] = (
+                        lambda c=chunk, s=stages, a=args, o=out, n=max_len:
+                        paged_attention_cuda_fp8(*a, out=o, chunk_len=c, max_len=n, stages=s))
             for label, fn in runners.items():
                 err = relative_error(fn().float(), ref)
                 ms = time_ms(fn)
