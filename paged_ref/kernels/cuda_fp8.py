@@ -76,20 +76,22 @@ def shared_bytes(head_dim: int, stages: int) -> int:
     return WARPS * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
 
 
-def compile_cubin(arch: str, stages: int = DEFAULT_STAGES) -> Path:
-    """``cuda_fp8_decode.cu`` compiled for ``arch`` (e.g. ``"sm_90"``) with ``STAGES``,
-    cached by source hash."""
+def compile_cubin(arch: str, stages: int = DEFAULT_STAGES, defines: tuple = ()) -> Path:
+    """``cuda_fp8_decode.cu`` compiled for ``arch`` (e.g. ``"sm_90"``) with ``STAGES`` and
+    other ``-D`` ``defines`` (``("CHAINS=2",)``: the .cu's tuning macros), cached by source
+    hash and settings."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("the CUDA FP8 kernel needs nvcc (set CUDA_HOME or put nvcc on PATH)")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("PAGED_REF_CACHE", Path.home() / ".cache" / "paged_ref"))
-    cubin = cache / f"cuda_fp8_decode_{digest}_{arch}_s{stages}.cubin"
+    tag = "_".join([f"STAGES={stages}", *defines]).replace("=", "")
+    cubin = cache / f"cuda_fp8_decode_{digest}_{arch}_{tag}.cubin"
     if not cubin.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = cubin.with_suffix(f".{os.getpid()}.tmp")
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", f"-DSTAGES={stages}",
-               "-o", str(tmp), str(SOURCE)]
+               *[f"-D{d}" for d in defines], "-o", str(tmp), str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -108,11 +110,12 @@ def _driver() -> ctypes.CDLL:
 
 
 @functools.cache
-def _function(device_index: int, name: str, stages: int, smem: int) -> ctypes.c_void_p:
+def _function(device_index: int, name: str, stages: int, defines: tuple,
+              smem: int) -> ctypes.c_void_p:
     """Kernel ``name`` from the cubin, loaded into ``device_index``'s (primary) context and
     allowed ``smem`` bytes of dynamic shared memory."""
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin(f"sm_{major}{minor}", stages)
+    cubin = compile_cubin(f"sm_{major}{minor}", stages, defines)
     with torch.cuda.device(device_index):
         torch.cuda.current_stream().synchronize()  # makes torch's context current here
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
@@ -170,11 +173,12 @@ def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
 
 def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
                              out=None, chunk_len=None, max_len=None,
-                             stages=DEFAULT_STAGES) -> torch.Tensor:
+                             stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
     """Decode attention over FP8 caches with the CUDA kernel (see the module docstring).
 
-    ``stages``: tiles in each warp's shared-memory ring (>= 2). ``chunk_len`` (tokens per
-    CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
+    ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
+    macros of the .cu file, for experiments (``("CHAINS=2", "MIN_BLOCKS=4")``).
+    ``chunk_len`` (tokens per CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
     longest sequence) is read from ``seq_lens`` when not given (one read-back). Returns
     ``[batch, Hq, head_dim]`` in q's dtype (``out`` when given).
     """
@@ -223,10 +227,11 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     stream = torch.cuda.current_stream(q.device).cuda_stream
     smem = shared_bytes(head_dim, stages)
-    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, smem),
+    defines = tuple(defines)
+    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem),
             (max_chunks, num_kv_heads, batch), WARPS * 32, smem, args, stream)
     if max_chunks > 1:
-        _launch(_function(device, f"fp8_merge_{name}", stages, 0), (num_q_heads, batch, 1),
+        _launch(_function(device, f"fp8_merge_{name}", stages, defines, 0), (num_q_heads, batch, 1),
                 head_dim, 0, args, stream)
         # (the temporaries are freed when this call returns; the caching allocator keeps them
         # for later work on this stream only, which runs after the kernels)

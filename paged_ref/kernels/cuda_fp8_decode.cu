@@ -31,6 +31,12 @@
 #define WARPS 4
 #define TILE 16
 #define MAX_GROUP 8
+#ifndef CHAINS
+#define CHAINS 1  // independent accumulator chains in S = Q K^T
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // __launch_bounds__'s CTAs per SM (caps registers when > 1)
+#endif
 #ifndef STAGES
 #define STAGES 4  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
 #endif
@@ -251,13 +257,20 @@ __device__ void fp8_decode(const Args& a) {
       read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
     // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
-    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // (CHAINS accumulators per n-tile: shorter chains of dependent MMAs, added at the end)
+    float c[2][4], cc[CHAINS][2][4] = {};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
         uint32_t w = kw[j][s];
-        mma_16816(c[j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+        mma_16816(cc[s % CHAINS][j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        c[j][e] = cc[0][j][e];
+#pragma unroll
+        for (int h = 1; h < CHAINS; ++h) c[j][e] += cc[h][j][e];
       }
     }
     float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
@@ -368,7 +381,7 @@ __device__ void fp8_merge(const Args& a) {
 
 // extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], fp8_merge_...
 #define DECODE(NAME, T, D, TOKEN)                                                        \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const Args a) {           \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(const Args a) {           \
     fp8_decode<T, D, TOKEN>(a);                                                          \
   }
 #define MERGE(NAME, T, D) \

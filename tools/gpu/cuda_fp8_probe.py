@@ -1,13 +1,15 @@
 """First look at the hand-written CUDA FP8 decode kernel (paged_ref/kernels/cuda_fp8.py) on
 one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
-float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a small
-sweep of tokens per CTA (``chunk_len``). Writes ``$OUT/cuda_fp8_probe.json``.
+float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a sweep of
+tokens per CTA (``chunk_len``), ring stages and the .cu's tuning macros (environment variables
+``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,CHAINS=2,MIN_BLOCKS=4+CHAINS=2``). Writes ``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -22,6 +24,12 @@ from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import paged_attention_cuda_fp8
 
 LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
+# The sweep: tokens per CTA (None: the default), ring stages, other macros of the .cu file.
+# fp8_token_head runs the first stages / defines only. ("none" in $CHUNKS is the default.)
+CHUNKS = [None if c == "none" else int(c)
+          for c in os.environ.get("CHUNKS", "none,1024,2048,4096").split(",")]
+STAGES = [int(s) for s in os.environ.get("STAGES", "4,2,3,6").split(",")]
+DEFINES = [tuple(d.split("+")) if d else () for d in os.environ.get("DEFINES", "").split(",")]
 
 
 def main() -> None:
@@ -38,14 +46,14 @@ def main() -> None:
             out = torch.empty_like(inp.q)
             runners = {label: fn for label, (_, _, fn) in our_runners(inp).items()}
             max_len = max(lens)
-            for chunk in (None, 1024, 2048, 4096):
-                for stages in (2, 3, 4, 6):
-                    if (chunk is not None and chunk >= max_len) or (
-                            fmt != "fp8" and stages != 4):
-                        continue
-                    runners[f"cuda[chunk={chunk},stages={stages}]"] = (
-                        lambda c=chunk, s=stages, a=args, o=out, n=max_len:
-                        paged_attention_cuda_fp8(*a, out=o, chunk_len=c, max_len=n, stages=s))
+            for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
+                if (chunk is not None and chunk >= max_len) or (
+                        fmt != "fp8" and (stages, defines) != (STAGES[0], DEFINES[0])):
+                    continue
+                runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
+                    lambda c=chunk, s=stages, d=defines, a=args, o=out, n=max_len:
+                    paged_attention_cuda_fp8(*a, out=o, chunk_len=c, max_len=n, stages=s,
+                                             defines=d))
             for label, fn in runners.items():
                 err = relative_error(fn().float(), ref)
                 ms = time_ms(fn)
