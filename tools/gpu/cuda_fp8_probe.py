@@ -2,7 +2,8 @@
 one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
 float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a sweep of
 tokens per CTA (``chunk_len``), ring stages and the .cu's tuning macros (environment variables
-``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,CHAINS=2,MIN_BLOCKS=4+CHAINS=2``). Writes ``$OUT/cuda_fp8_probe.json``.
+``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,CHAINS=2,MIN_BLOCKS=4+CHAINS=2``).
+Writes ``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
 """
