@@ -42,10 +42,17 @@
 #endif
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
-  // low byte -> low float16, next byte -> high float16
+  // low byte -> low float16, next byte -> high float16 (of the word's low 16 bits)
   uint32_t r;
-  unsigned short x = (unsigned short)(two_codes & 0xFFFF);
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}"
+      : "=r"(r) : "r"(two_codes));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t two_codes) {
+  // the same for the word's high 16 bits
+  uint32_t r;
+  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;}"
+      : "=r"(r) : "r"(two_codes));
   return r;
 }
 
@@ -126,30 +133,28 @@ struct Stage {
 static_assert(sizeof(Stage<128>) == 2 * TILE * (128 + 16) + 2 * TILE * 4, "Stage size");
 static_assert(WARPS * STAGES * sizeof(Stage<64>) >= WARPS * MAX_GROUP * (64 + 2) * 4, "merge");
 
-// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: 16-byte pieces, 8 lanes
-// per 128 bytes of a token row (coalesced); tokens past `end` are zero-filled, never read.
+// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: lanes 2r and 2r + 1 copy
+// token row r, 32 contiguous bytes per instruction (one table lookup and one address per lane);
+// tokens past `end` are zero-filled and never read. k_head / v_head: the caches at this KV head.
 template <int D, bool TOKEN_SCALE>
-__device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const int* table,
-                                          int head, int t0, int end, int lane) {
-  constexpr int PIECES = D / 16;  // per token row
+__device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uint8_t* k_head,
+                                          const uint8_t* v_head, const int* table, int head,
+                                          int t0, int end, int lane) {
+  const int row = lane / 2, half = lane % 2, tok = t0 + row;
+  const bool ok = tok < end;
+  const long long blk = ok ? table[tok >> a.block_shift] : 0;
+  const int slot = tok & ((1 << a.block_shift) - 1);
+  const long long off = blk * a.c_sb + slot * a.c_st + half * 16;
+  uint8_t* k_dst = st.k + row * Stage<D>::ROW + half * 16;
+  uint8_t* v_dst = st.v + row * Stage<D>::ROW + half * 16;
 #pragma unroll
-  for (int i = 0; i < TILE * PIECES / 32; ++i) {
-    const int id = lane + 32 * i, row = id / PIECES, piece = id % PIECES;
-    const int tok = t0 + row;
-    const bool ok = tok < end;
-    const long long blk = ok ? table[tok >> a.block_shift] : 0;
-    const int slot = tok & ((1 << a.block_shift) - 1);
-    const long long off = blk * a.c_sb + slot * a.c_st + head * a.c_sh + piece * 16;
-    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, a.k + off, ok);
-    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, a.v + off, ok);
+  for (int i = 0; i < D / 32; ++i) {
+    cp_async_16(k_dst + 32 * i, k_head + off + 32 * i, ok);
+    cp_async_16(v_dst + 32 * i, v_head + off + 32 * i, ok);
   }
   if constexpr (TOKEN_SCALE) {
-    const int row = lane % TILE, tok = t0 + row;
-    const bool ok = tok < end;
-    const long long blk = ok ? table[tok >> a.block_shift] : 0;
-    const int slot = tok & ((1 << a.block_shift) - 1);
     const long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
-    if (lane < TILE) cp_async_4(st.ks + row, a.k_scale + s, ok);
+    if (half == 0) cp_async_4(st.ks + row, a.k_scale + s, ok);
     else cp_async_4(st.vs + row, a.v_scale + s, ok);
   }
 }
@@ -200,6 +205,8 @@ __device__ void fp8_decode(const Args& a) {
   if (chunk > 0 && chunk >= n_chunks) return;  // past this sequence's end (chunk 0 writes
                                                // zeros for an empty one)
   const int* table = a.block_tables + b * a.table_sb;
+  const uint8_t* k_head = a.k + kv_head * a.c_sh;
+  const uint8_t* v_head = a.v + kv_head * a.c_sh;
 
   extern __shared__ __align__(16) uint8_t smem[];  // STAGES tiles per warp, then reused
   Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
@@ -236,7 +243,7 @@ __device__ void fp8_decode(const Args& a) {
   const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) copy_tile<D, TOKEN_SCALE>(ring[i], a, table, kv_head, first + i * step, end, lane);
+    if (i < n_tiles) copy_tile<D, TOKEN_SCALE>(ring[i], a, k_head, v_head, table, kv_head, first + i * step, end, lane);
     cp_async_commit();  // (an empty group keeps the counting uniform)
   }
   for (int i = 0; i < n_tiles; ++i) {
@@ -244,8 +251,8 @@ __device__ void fp8_decode(const Args& a) {
     __syncwarp();                 // ... and every lane's; the stage read last step is free
     const int ahead = i + STAGES - 1;
     if (ahead < n_tiles)
-      copy_tile<D, TOKEN_SCALE>(ring[ahead % STAGES], a, table, kv_head, first + ahead * step,
-                                end, lane);
+      copy_tile<D, TOKEN_SCALE>(ring[ahead % STAGES], a, k_head, v_head, table, kv_head,
+                                first + ahead * step, end, lane);
     cp_async_commit();
     const Stage<D>& st = ring[i % STAGES];
     const int t0 = first + i * step;
@@ -264,7 +271,7 @@ __device__ void fp8_decode(const Args& a) {
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
         uint32_t w = kw[j][s];
-        mma_16816(cc[s % CHAINS][j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+        mma_16816(cc[s % CHAINS][j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -310,9 +317,9 @@ __device__ void fp8_decode(const Args& a) {
       const uint32_t lo23 = prmt(vw[2][w], vw[3][w], 0x5140);
       const uint32_t hi23 = prmt(vw[2][w], vw[3][w], 0x7362);
       mma_16816(o[4 * w + 0], pa, e4m3x2_to_f16x2(lo01), e4m3x2_to_f16x2(lo23));
-      mma_16816(o[4 * w + 1], pa, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16));
+      mma_16816(o[4 * w + 1], pa, e4m3x2_hi_to_f16x2(lo01), e4m3x2_hi_to_f16x2(lo23));
       mma_16816(o[4 * w + 2], pa, e4m3x2_to_f16x2(hi01), e4m3x2_to_f16x2(hi23));
-      mma_16816(o[4 * w + 3], pa, e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16));
+      mma_16816(o[4 * w + 3], pa, e4m3x2_hi_to_f16x2(hi01), e4m3x2_hi_to_f16x2(hi23));
     }
   }
   cp_async_wait<0>();
