@@ -202,6 +202,7 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     if chunk_len is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         chunk_len = default_chunk_len(batch, num_kv_heads, max_len, sms)
+    chunk_len = 16 * math.ceil(max(chunk_len, 1) / 16)  # tiles start at multiples of 16
     max_chunks = max(1, math.ceil(max_len / chunk_len))
     part_o = part_lse = out  # placeholders when nothing is split
     if max_chunks > 1:

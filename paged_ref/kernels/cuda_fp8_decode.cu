@@ -133,28 +133,41 @@ struct Stage {
 static_assert(sizeof(Stage<128>) == 2 * TILE * (128 + 16) + 2 * TILE * 4, "Stage size");
 static_assert(WARPS * STAGES * sizeof(Stage<64>) >= WARPS * MAX_GROUP * (64 + 2) * 4, "merge");
 
-// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: lanes 2r and 2r + 1 copy
-// token row r, 32 contiguous bytes per instruction (one table lookup and one address per lane);
-// tokens past `end` are zero-filled and never read. k_head / v_head: the caches at this KV head.
+// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: each instruction copies
+// whole token rows (D / 16 lanes of 16 bytes per row: full 128-byte lines for D = 128, which
+// DRAM serves better than the same bytes spread over more rows per instruction); tokens past
+// `end` are zero-filled and never read. k_head / v_head: the caches at this KV head.
 template <int D, bool TOKEN_SCALE>
 __device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uint8_t* k_head,
                                           const uint8_t* v_head, const int* table, int head,
                                           int t0, int end, int lane) {
-  const int row = lane / 2, half = lane % 2, tok = t0 + row;
-  const bool ok = tok < end;
-  const long long blk = ok ? table[tok >> a.block_shift] : 0;
-  const int slot = tok & ((1 << a.block_shift) - 1);
-  const long long off = blk * a.c_sb + slot * a.c_st + half * 16;
-  uint8_t* k_dst = st.k + row * Stage<D>::ROW + half * 16;
-  uint8_t* v_dst = st.v + row * Stage<D>::ROW + half * 16;
+  constexpr int PIECES = D / 16, ROWS_PER_STEP = 32 / PIECES;  // per instruction
+  const int piece = lane % PIECES, row0 = lane / PIECES;
+  const int mask = (1 << a.block_shift) - 1;
+  // Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole tile lies in one
+  // block: one table entry, rows c_st apart. Smaller blocks: a table entry per row.
+  const bool one_block = a.block_shift >= 4;
+  const long long tile_base =
+      one_block && t0 < end ? table[t0 >> a.block_shift] * a.c_sb + (t0 & mask) * a.c_st : 0;
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) {
-    cp_async_16(k_dst + 32 * i, k_head + off + 32 * i, ok);
-    cp_async_16(v_dst + 32 * i, v_head + off + 32 * i, ok);
+  for (int i = 0; i < TILE / ROWS_PER_STEP; ++i) {
+    const int row = row0 + i * ROWS_PER_STEP, tok = t0 + row;
+    const bool ok = tok < end;
+    long long off = tile_base + row * a.c_st + piece * 16;
+    if (!one_block) {
+      const long long blk = ok ? table[tok >> a.block_shift] : 0;
+      off = blk * a.c_sb + (tok & mask) * a.c_st + piece * 16;
+    }
+    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, k_head + off, ok);
+    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, v_head + off, ok);
   }
   if constexpr (TOKEN_SCALE) {
+    const int row = lane % TILE, tok = t0 + row;
+    const bool ok = tok < end;
+    const long long blk = ok ? table[tok >> a.block_shift] : 0;
+    const int slot = tok & ((1 << a.block_shift) - 1);
     const long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
-    if (half == 0) cp_async_4(st.ks + row, a.k_scale + s, ok);
+    if (lane < TILE) cp_async_4(st.ks + row, a.k_scale + s, ok);
     else cp_async_4(st.vs + row, a.v_scale + s, ok);
   }
 }
