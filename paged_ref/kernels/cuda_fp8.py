@@ -70,10 +70,16 @@ def cuda_fp8_available(device: torch.device | str | None = None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def shared_bytes(head_dim: int, stages: int) -> int:
+def shared_bytes(head_dim: int, stages: int, warps: int = WARPS) -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: K and
     V rows of ``head_dim + 16`` bytes, and 2 x 16 float32 scales)."""
-    return WARPS * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
+    return warps * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
+
+
+def _macro(defines: tuple, name: str, default: int) -> int:
+    """The value a ``-D`` define gives macro ``name`` (``default`` when not defined)."""
+    values = [int(d.split("=")[1]) for d in defines if d.split("=")[0] == name]
+    return values[-1] if values else default
 
 
 def compile_cubin(arch: str, stages: int = DEFAULT_STAGES, defines: tuple = ()) -> Path:
@@ -227,10 +233,13 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
         args.table_sb = block_tables.stride(0)
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    smem = shared_bytes(head_dim, stages)
     defines = tuple(defines)
-    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem),
-            (max_chunks, num_kv_heads, batch), WARPS * 32, smem, args, stream)
+    warps = _macro(defines, "WARPS", WARPS)
+    smem = shared_bytes(head_dim, stages, warps)
+    grid = ((num_kv_heads, max_chunks, batch) if _macro(defines, "HEAD_FASTEST", 0)
+            else (max_chunks, num_kv_heads, batch))
+    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem), grid,
+            warps * 32, smem, args, stream)
     if max_chunks > 1:
         _launch(_function(device, f"fp8_merge_{name}", stages, defines, 0), (num_q_heads, batch, 1),
                 head_dim, 0, args, stream)

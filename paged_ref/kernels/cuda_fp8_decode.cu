@@ -28,7 +28,12 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#define WARPS 4
+#ifndef WARPS
+#define WARPS 4  // per CTA; they share the chunk's tiles
+#endif
+#ifndef HEAD_FASTEST
+#define HEAD_FASTEST 0  // grid (Hkv, chunks, B) instead of (chunks, Hkv, B)
+#endif
 #define TILE 16
 #define MAX_GROUP 8
 #ifndef CHAINS
@@ -208,7 +213,9 @@ template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
   constexpr int NTILES = D / 8;   // n-tiles of O = P V (8 channels each)
-  const int chunk = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int chunk = HEAD_FASTEST ? blockIdx.y : blockIdx.x, b = blockIdx.z;
+  const int kv_head = HEAD_FASTEST ? blockIdx.x : blockIdx.y;
+  const int num_kv_heads = HEAD_FASTEST ? gridDim.x : gridDim.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int seq_len = a.seq_lens[b];
@@ -373,7 +380,7 @@ __device__ void fp8_decode(const Args& a) {
       T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
       *out = from_float<T>(val);
     } else if (chunk < n_chunks) {
-      const long long r = ((long long)b * gridDim.y * a.group + qh) * a.max_chunks + chunk;
+      const long long r = ((long long)b * num_kv_heads * a.group + qh) * a.max_chunks + chunk;
       a.part_o[r * D + ch] = val;
       if (ch == 0) a.part_lse[r] = mm + __log2f(den);
     }
