@@ -58,3 +58,32 @@ def test_cuda_fp8_refuses_what_it_does_not_read(what):
     q = inp.q.float() if what == "float32 q" else inp.q
     with pytest.raises((TypeError, ValueError), match="CUDA FP8 kernel"):
         paged_attention_cuda_fp8(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
+
+
+# Planted mistakes: each mutant of the .cu source must fail the float64 check.
+MUTANTS = {
+    "no mask past the end": ("x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;",
+                             "x[i] = c[i >> 1][i & 1] * sc;"),
+    "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
+                                  "prmt(vw[0][w], vw[1][w], 0x4150)"),
+    "no rescale of O": ("      o[j][0] *= alpha;\n", ""),
+    "merge of warp 0 only": ("for (int w = 0; w < WARPS; ++w) {\n      const float f",
+                             "for (int w = 0; w < 1; ++w) {\n      const float f"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
+    from paged_ref.kernels import cuda_fp8
+
+    old, new = MUTANTS[mutant]
+    text = cuda_fp8.SOURCE.read_text()
+    assert text.count(old) == 1, f"mutant {mutant!r} no longer matches the source"
+    source = tmp_path / "mutant.cu"
+    source.write_text(text.replace(old, new))
+    monkeypatch.setattr(cuda_fp8, "SOURCE", source)
+    inp = make_paged_inputs([15, 300, 1000], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=11).quantized("fp8")
+    out = paged_attention_cuda_fp8(*inp.args())
+    with pytest.raises(AssertionError):
+        assert_close(out, inp.reference(), name=mutant)

@@ -52,7 +52,8 @@ def float64_reference(inp: PagedInputs) -> torch.Tensor:
 def our_runners(inp: PagedInputs, configs=()) -> dict:
     """label -> (backend, info, callable): the kernel ``paged_attention`` runs for these inputs
     (the split kernel with the plan it would make, made once outside the timing; a one-chunk
-    plan is the one-pass kernel), or with ``configs`` the one-pass kernel at each config."""
+    plan is the one-pass kernel) and, for FP8 caches on a GPU that can build it, the CUDA
+    kernel; or with ``configs`` the one-pass Triton kernel at each config."""
     from paged_ref.kernels.triton_decode import paged_attention_triton
     from paged_ref.kernels.triton_split import SplitScratch, paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
@@ -69,8 +70,27 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
     scratch = SplitScratch.allocate(batch, num_q_heads, inp.k_cache.shape[2], head_dim, plan,
                                     inp.q.device)
     backend = "triton_split" if plan.num_chunks > 1 else "triton"
-    return {backend: (backend, {"num_chunks": plan.num_chunks},
-                      lambda: paged_attention_split(*args, plan=plan, out=out, scratch=scratch))}
+    runners = {backend: (backend, {"num_chunks": plan.num_chunks},
+                         lambda: paged_attention_split(*args, plan=plan, out=out,
+                                                       scratch=scratch))}
+    return runners | cuda_fp8_runners(inp, lengths.max_len, out)
+
+
+def cuda_fp8_runners(inp: PagedInputs, max_len: int, out: torch.Tensor) -> dict:
+    """The hand-written CUDA kernel (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache, with
+    its default chunking and stages, where this machine can build and run it."""
+    from paged_ref.kernels.cuda_fp8 import (
+        DEFAULT_STAGES,
+        cuda_fp8_available,
+        paged_attention_cuda_fp8,
+    )
+
+    if not isinstance(inp.k_cache, QuantizedKV) or inp.k_cache.format.kind != "fp8" or (
+            not cuda_fp8_available(inp.q.device)):
+        return {}
+    args = inp.args()
+    return {"cuda_fp8": ("cuda_fp8", {"stages": DEFAULT_STAGES}, lambda: paged_attention_cuda_fp8(
+        *args, out=out, max_len=max_len))}
 
 
 def flashinfer_runners(inp: PagedInputs) -> dict:
@@ -138,17 +158,22 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
     return rows
 
 
+def family(row: dict) -> str:
+    """Whose kernel a row timed: ``"ours"`` (Triton), ``"ours-CUDA"`` or ``"FlashInfer"``."""
+    return {"flashinfer": "FlashInfer", "cuda_fp8": "ours-CUDA"}.get(row["backend"], "ours")
+
+
 def mark_best(rows: list[dict]) -> list[dict]:
-    """``best``: the fastest label of each (case, format, ours-or-FlashInfer)."""
+    """``best``: the fastest label of each (case, format, family)."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get("sweep"):
             continue
-        key = (r["case"], r["kv_format"], r["backend"] == "flashinfer")
+        key = (r["case"], r["kv_format"], family(r))
         if key not in best or r["ms"] < best[key]["ms"]:
             best[key] = r
     for r in rows:
-        r["best"] = best.get((r["case"], r["kv_format"], r["backend"] == "flashinfer")) is r
+        r["best"] = best.get((r["case"], r["kv_format"], family(r))) is r
     return rows
 
 
@@ -164,7 +189,7 @@ def print_table(rows: list[dict]) -> None:
 
 def plot(result: dict, path: Path) -> None:
     """Two panels: ms per case (log scale) and % of copy bandwidth, one bar per
-    (ours / FlashInfer, format), best label of each."""
+    (family, format), best label of each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,9 +197,7 @@ def plot(result: dict, path: Path) -> None:
 
     rows = [r for r in result["results"] if r["best"]]
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    series = list(dict.fromkeys(
-        ("FlashInfer " if r["backend"] == "flashinfer" else "ours ") + r["kv_format"]
-        for r in rows))
+    series = list(dict.fromkeys(f"{family(r)} {r['kv_format']}" for r in rows))
     width = 0.8 / len(series)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     for i, s in enumerate(series):
@@ -183,11 +206,12 @@ def plot(result: dict, path: Path) -> None:
             xs, ys = [], []
             for j, case in enumerate(cases):
                 match = [r for r in rows if r["case"] == case and r["kv_format"] == fmt
-                         and (r["backend"] == "flashinfer") == (who == "FlashInfer")]
+                         and family(r) == who]
                 if match:
                     xs.append(j + (i - (len(series) - 1) / 2) * width)
                     ys.append(match[0][key])
-            ax.bar(xs, ys, width, label=s, hatch="//" if who == "FlashInfer" else None)
+            ax.bar(xs, ys, width, label=s,
+                   hatch={"FlashInfer": "//", "ours-CUDA": ".."}.get(who))
     axes[0].set_yscale("log")
     axes[0].set_ylabel("ms per decode step (lower is better)")
     axes[1].axhline(100, color="k", lw=0.8, ls="--")

@@ -39,7 +39,7 @@ WARPS = 4  # as in the .cu file
 TILE = 16
 MAX_GROUP = 8
 #: Tiles in each warp's shared-memory ring (the .cu file's STAGES): STAGES - 1 in flight.
-DEFAULT_STAGES = 4
+DEFAULT_STAGES = 3
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -82,14 +82,16 @@ def _macro(defines: tuple, name: str, default: int) -> int:
     return values[-1] if values else default
 
 
-def compile_cubin(arch: str, stages: int = DEFAULT_STAGES, defines: tuple = ()) -> Path:
-    """``cuda_fp8_decode.cu`` compiled for ``arch`` (e.g. ``"sm_90"``) with ``STAGES`` and
-    other ``-D`` ``defines`` (``("CHAINS=2",)``: the .cu's tuning macros), cached by source
-    hash and settings."""
+def compile_cubin(arch: str, stages: int = DEFAULT_STAGES, defines: tuple = (),
+                  source: Path | None = None) -> Path:
+    """``source`` (default ``cuda_fp8_decode.cu``) compiled for ``arch`` (e.g. ``"sm_90"``)
+    with ``STAGES`` and other ``-D`` ``defines`` (``("MIN_BLOCKS=4",)``: the .cu's tuning
+    macros), cached by source hash and settings."""
+    source = Path(source or SOURCE)
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("the CUDA FP8 kernel needs nvcc (set CUDA_HOME or put nvcc on PATH)")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("PAGED_REF_CACHE", Path.home() / ".cache" / "paged_ref"))
     tag = "_".join([f"STAGES={stages}", *defines]).replace("=", "")
     cubin = cache / f"cuda_fp8_decode_{digest}_{arch}_{tag}.cubin"
@@ -97,7 +99,7 @@ def compile_cubin(arch: str, stages: int = DEFAULT_STAGES, defines: tuple = ()) 
         cache.mkdir(parents=True, exist_ok=True)
         tmp = cubin.with_suffix(f".{os.getpid()}.tmp")
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", f"-DSTAGES={stages}",
-               *[f"-D{d}" for d in defines], "-o", str(tmp), str(SOURCE)]
+               *[f"-D{d}" for d in defines], "-o", str(tmp), str(source)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -116,12 +118,12 @@ def _driver() -> ctypes.CDLL:
 
 
 @functools.cache
-def _function(device_index: int, name: str, stages: int, defines: tuple,
-              smem: int) -> ctypes.c_void_p:
-    """Kernel ``name`` from the cubin, loaded into ``device_index``'s (primary) context and
-    allowed ``smem`` bytes of dynamic shared memory."""
+def _function(device_index: int, name: str, stages: int, defines: tuple, smem: int,
+              source: Path) -> ctypes.c_void_p:
+    """Kernel ``name`` from the cubin of ``source``, loaded into ``device_index``'s (primary)
+    context and allowed ``smem`` bytes of dynamic shared memory."""
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin(f"sm_{major}{minor}", stages, defines)
+    cubin = compile_cubin(f"sm_{major}{minor}", stages, defines, source)
     with torch.cuda.device(device_index):
         torch.cuda.current_stream().synchronize()  # makes torch's context current here
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
@@ -183,7 +185,7 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     """Decode attention over FP8 caches with the CUDA kernel (see the module docstring).
 
     ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
-    macros of the .cu file, for experiments (``("CHAINS=2", "MIN_BLOCKS=4")``).
+    macros of the .cu file, for experiments (``("WARPS=8", "MIN_BLOCKS=2")``).
     ``chunk_len`` (tokens per CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
     longest sequence) is read from ``seq_lens`` when not given (one read-back). Returns
     ``[batch, Hq, head_dim]`` in q's dtype (``out`` when given).
@@ -236,13 +238,12 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     defines = tuple(defines)
     warps = _macro(defines, "WARPS", WARPS)
     smem = shared_bytes(head_dim, stages, warps)
-    grid = ((num_kv_heads, max_chunks, batch) if _macro(defines, "HEAD_FASTEST", 0)
-            else (max_chunks, num_kv_heads, batch))
-    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem), grid,
-            warps * 32, smem, args, stream)
+    grid = (num_kv_heads, max_chunks, batch)
+    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem, SOURCE),
+            grid, warps * 32, smem, args, stream)
     if max_chunks > 1:
-        _launch(_function(device, f"fp8_merge_{name}", stages, defines, 0), (num_q_heads, batch, 1),
-                head_dim, 0, args, stream)
+        _launch(_function(device, f"fp8_merge_{name}", stages, defines, 0, SOURCE),
+                (num_q_heads, batch, 1), head_dim, 0, args, stream)
         # (the temporaries are freed when this call returns; the caching allocator keeps them
         # for later work on this stream only, which runs after the kernels)
     return out

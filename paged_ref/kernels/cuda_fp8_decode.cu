@@ -4,24 +4,25 @@
 // Why a CUDA kernel next to the Triton ones? Lesson 10 measured the Triton FP8 kernel at
 // ~2/3 of copy bandwidth: per token it issues ~3x the instructions of the bf16 kernel (the
 // 8-bit V tile reaches the tensor cores through byte-wide shared-memory loads, because
-// ldmatrix.trans moves 16-bit elements only). Here every operand goes from global memory
-// straight into the registers an MMA wants, with no shared memory in the loop:
+// ldmatrix.trans moves 16-bit elements only). Here each thread reads from shared memory only
+// the bytes its own MMA fragments need, in 16-byte loads:
 //
-// * one warp owns whole 16-token tiles (warp w of a CTA takes tiles w, w + 4, ...), with its
-//   own online softmax; the four warps of a CTA merge once at the end;
+// * one warp owns whole 16-token tiles (warp w of a CTA takes tiles w, w + WARPS, ...), with
+//   its own online softmax; the warps of a CTA merge once at the end;
+// * each warp copies its next STAGES - 1 tiles global -> shared with cp.async (a ring; no
+//   registers held, only __syncwarp between lanes), whole 128-byte token rows per instruction;
 // * S = Q K^T and O += P V are mma.sync m16n8k16 (float16 in, float32 accumulate): rows are
 //   the query heads of one KV head (GROUP <= 8 of the 16 rows are real);
 // * the order of a dot product's terms is free, so each thread's channels are chosen to be
-//   contiguous in memory: for K a thread loads 32 bytes of one token (D = 128), for V 16 bytes
+//   contiguous in memory: for K a thread reads 32 bytes of one token (D = 128), for V 16 bytes
 //   of each of 4 tokens; Q (loaded once) and the output use the same channel order;
 // * V's MMA operand wants two *tokens* of one channel in each 16-bit half: two byte permutes
 //   (prmt) build them from two token rows, then one cvt.rn.f16x2.e4m3x2 makes two float16s;
-// * P comes out of the S accumulator already in the A-operand layout of the P V MMA;
-// * the next tile's bytes are loaded into registers before this tile is used.
+// * P comes out of the S accumulator already in the A-operand layout of the P V MMA.
 //
 // Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
 // scales float32 (one per tensor, or one per token-head [num_blocks, block_size, Hkv]).
-// Long sequences are cut into chunks (blockIdx.x); each chunk writes a normalised partial
+// Long sequences are cut into chunks (blockIdx.y); each chunk writes a normalised partial
 // output and its log2-sum-exp, and fp8_merge combines them.
 
 #include <cuda_bf16.h>
@@ -31,19 +32,13 @@
 #ifndef WARPS
 #define WARPS 4  // per CTA; they share the chunk's tiles
 #endif
-#ifndef HEAD_FASTEST
-#define HEAD_FASTEST 0  // grid (Hkv, chunks, B) instead of (chunks, Hkv, B)
-#endif
 #define TILE 16
 #define MAX_GROUP 8
-#ifndef CHAINS
-#define CHAINS 1  // independent accumulator chains in S = Q K^T
-#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // __launch_bounds__'s CTAs per SM (caps registers when > 1)
 #endif
 #ifndef STAGES
-#define STAGES 4  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
+#define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
 #endif
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
@@ -213,9 +208,10 @@ template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
   constexpr int NTILES = D / 8;   // n-tiles of O = P V (8 channels each)
-  const int chunk = HEAD_FASTEST ? blockIdx.y : blockIdx.x, b = blockIdx.z;
-  const int kv_head = HEAD_FASTEST ? blockIdx.x : blockIdx.y;
-  const int num_kv_heads = HEAD_FASTEST ? gridDim.x : gridDim.y;
+  // grid (Hkv, chunks, B): the KV heads of one chunk run side by side (their rows interleave
+  // in memory)
+  const int kv_head = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
+  const int num_kv_heads = gridDim.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int seq_len = a.seq_lens[b];
@@ -284,20 +280,13 @@ __device__ void fp8_decode(const Args& a) {
       read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
     // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
-    // (CHAINS accumulators per n-tile: shorter chains of dependent MMAs, added at the end)
-    float c[2][4], cc[CHAINS][2][4] = {};
+    float c[2][4] = {};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
-        uint32_t w = kw[j][s];
-        mma_16816(cc[s % CHAINS][j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        c[j][e] = cc[0][j][e];
-#pragma unroll
-        for (int h = 1; h < CHAINS; ++h) c[j][e] += cc[h][j][e];
+        const uint32_t w = kw[j][s];
+        mma_16816(c[j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
       }
     }
     float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9

@@ -39,3 +39,12 @@ def test_best_marks_skip_sweeps():
             dict(case="c", backend="flashinfer", kv_format="fp8", ms=3.0)]
     marked = bench_quant.mark_best(rows)
     assert [r["best"] for r in marked] == [True, False, True]
+
+
+def test_best_marks_each_family_apart():
+    rows = [dict(case="c", backend="triton", kv_format="fp8", ms=2.0),
+            dict(case="c", backend="cuda_fp8", kv_format="fp8", ms=1.0),
+            dict(case="c", backend="flashinfer", kv_format="fp8", ms=3.0)]
+    marked = bench_quant.mark_best(rows)
+    assert [r["best"] for r in marked] == [True, True, True]
+    assert [bench_quant.family(r) for r in rows] == ["ours", "ours-CUDA", "FlashInfer"]

@@ -2,7 +2,7 @@
 one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
 float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a sweep of
 tokens per CTA (``chunk_len``), ring stages and the .cu's tuning macros (environment variables
-``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,CHAINS=2,MIN_BLOCKS=4+CHAINS=2``).
+``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,MIN_BLOCKS=4,WARPS=8+MIN_BLOCKS=2``).
 Writes ``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
@@ -29,7 +29,7 @@ LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
 # fp8_token_head runs the first stages / defines only. ("none" in $CHUNKS is the default.)
 CHUNKS = [None if c == "none" else int(c)
           for c in os.environ.get("CHUNKS", "none,1024,2048,4096").split(",")]
-STAGES = [int(s) for s in os.environ.get("STAGES", "4,2,3,6").split(",")]
+STAGES = [int(s) for s in os.environ.get("STAGES", "3,4,6").split(",")]
 DEFINES = [tuple(d.split("+")) if d else () for d in os.environ.get("DEFINES", "").split(",")]
 
 
