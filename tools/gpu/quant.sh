@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for lesson 10 (under 5 minutes): the quantised kernels (Triton,
-# and the CUDA FP8 kernel with its planted mistakes) compiled and checked against float64 (of the de-quantised cache), then the quantised-cache benchmark:
-# ours on every case and format, FlashInfer's FP8 decode, a small launch-config sweep on
+# and the CUDA FP8 kernel with its planted mistakes) compiled and checked against float64 (of
+# the de-quantised cache), then the quantised-cache benchmark: ours on every case and format, FlashInfer's FP8 decode, a small launch-config sweep on
 # B64_L4096. The JSON is rewritten after every case. Results go to $OUT.
 #   bash tools/gpu/quant.sh [bench arguments...]
 set -uo pipefail
