@@ -143,13 +143,13 @@ def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
 
 
 def default_chunk_len(batch: int, num_kv_heads: int, max_len: int, sms: int) -> int:
-    """Tokens per CTA: whole sequences while ``batch * Hkv`` CTAs fill the GPU (3 per SM),
-    else cut so that about 4 CTAs per SM run, in multiples of 256 tokens."""
-    pairs = batch * num_kv_heads
-    if pairs >= 3 * sms or max_len <= 256:
-        return max(max_len, 1)
-    chunks = math.ceil(4 * sms / pairs)
-    return max(256, 256 * math.ceil(max_len / chunks / 256))
+    """Tokens per CTA: 2048 (the best of 1024 / 2048 / whole sequences on every large bench
+    case but one, ``benchmarks/h200/cuda_fp8_probe.json``), halved down to 256 while fewer
+    than 2 CTAs per SM would run."""
+    chunk = min(max(max_len, 1), 2048)
+    while chunk > 256 and batch * num_kv_heads * math.ceil(max_len / chunk) < 2 * sms:
+        chunk //= 2
+    return chunk
 
 
 def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:

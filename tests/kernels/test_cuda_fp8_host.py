@@ -38,9 +38,10 @@ def test_unavailable_without_a_gpu():
 
 
 @pytest.mark.parametrize("batch, heads, max_len, want", [
-    (64, 8, 4096, 4096),      # 512 CTAs fill 132 SMs: whole sequences
-    (8, 8, 32768, 3840),      # 64 CTAs: cut into 9 chunks, a multiple of 256 tokens
-    (1, 8, 131072, 2048),
+    (64, 8, 4096, 2048),
+    (8, 8, 32768, 2048),
+    (1, 8, 131072, 2048),     # 64 chunks x 8 heads: 512 CTAs
+    (4, 8, 2048, 256),        # 32 (sequence, head) pairs: halved while < 264 CTAs
     (4, 8, 200, 200),         # short: never cut
 ])
 def test_default_chunk_len(batch, heads, max_len, want):
