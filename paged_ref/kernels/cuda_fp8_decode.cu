@@ -37,6 +37,9 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // __launch_bounds__'s CTAs per SM (caps registers when > 1)
 #endif
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0  // cp.async's L2 prefetch size in bytes (0, 128 or 256)
+#endif
 #ifndef STAGES
 #define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
 #endif
@@ -83,10 +86,19 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
-  // 16 bytes global -> shared without passing through registers; zeros when !valid
+  // 16 bytes global -> shared without passing through registers; zeros when !valid.
+  // L2_PREFETCH 128 / 256: L2 fetches the whole 128 / 256-byte line around the address.
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+#if L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(global), "r"(valid ? 16 : 0));
+#elif L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(global), "r"(valid ? 16 : 0));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
                "r"(valid ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
