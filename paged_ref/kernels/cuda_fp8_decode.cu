@@ -38,7 +38,7 @@
 #define MIN_BLOCKS 1  // __launch_bounds__'s CTAs per SM (caps registers when > 1)
 #endif
 #ifndef L2_PREFETCH
-#define L2_PREFETCH 0  // cp.async's L2 prefetch size in bytes (0, 128 or 256)
+#define L2_PREFETCH 256  // cp.async's L2 prefetch size in bytes (0, 128 or 256)
 #endif
 #ifndef STAGES
 #define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
