@@ -199,23 +199,6 @@ __device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
@@ -250,7 +233,7 @@ __device__ void fp8_decode(const Args& a) {
     for (int s = 0; s < KSTEPS; ++s) {
       float x[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = real ? to_float(qrow[4 * s + i]) : 0.f;
+      for (int i = 0; i < 4; ++i) x[i] = real ? static_cast<float>(qrow[4 * s + i]) : 0.f;
       qa[s][0] = pack_f16x2(x[0], x[1]);
       qa[s][1] = 0;
       qa[s][2] = pack_f16x2(x[2], x[3]);
@@ -379,7 +362,7 @@ __device__ void fp8_decode(const Args& a) {
     const float val = end > start ? num / den * v_scale : 0.f;
     if (n_chunks <= 1) {
       T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
-      *out = from_float<T>(val);
+      *out = T(val);  // (__half / __nv_bfloat16 from float: round to nearest)
     } else if (chunk < n_chunks) {
       const long long r = ((long long)b * num_kv_heads * a.group + qh) * a.max_chunks + chunk;
       a.part_o[r * D + ch] = val;
@@ -404,7 +387,7 @@ __device__ void fp8_merge(const Args& a) {
     num += f * a.part_o[(r0 + c) * D + ch];
   }
   T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
-  *out = from_float<T>(num / den);
+  *out = T(num / den);
 }
 
 // extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], fp8_merge_...
