@@ -2,11 +2,11 @@
 
 Why: lesson 10 measured the Triton FP8 kernel at about 2/3 of copy bandwidth, instruction-bound
 (its 8-bit V tile reaches the tensor cores through byte-wide shared-memory loads). The kernel in
-``cuda_fp8_decode.cu`` keeps every operand in registers, straight from global memory into the
-layout ``mma.sync`` wants (its header says how). This module compiles it with ``nvcc`` on first
-use (cached under ``~/.cache/paged_ref``) and launches it through the CUDA driver API with
-:mod:`ctypes`: no C++ extension build, and a kernel launch is visibly what it is: a function in
-a loaded module, a grid, a block and an argument struct.
+``cuda_fp8_decode.cu`` has each thread read only its own ``mma.sync`` fragments, 16 bytes at a
+time, from a per-warp ``cp.async`` ring (its header says how). This module compiles it with
+``nvcc`` on first use (cached under ``~/.cache/paged_ref``) and launches it through the CUDA
+driver API with :mod:`ctypes`: no C++ extension build, and a kernel launch is visibly what it
+is: a function in a loaded module, a grid, a block and an argument struct.
 
 Needs an NVIDIA GPU with FP8 conversions (compute capability 8.9+) and ``nvcc`` (``$CUDA_HOME``
 or on ``PATH``); :func:`cuda_fp8_available` says whether this machine has both.
@@ -118,21 +118,30 @@ def _driver() -> ctypes.CDLL:
 
 
 @functools.cache
-def _function(device_index: int, name: str, stages: int, defines: tuple, smem: int,
-              source: Path) -> ctypes.c_void_p:
-    """Kernel ``name`` from the cubin of ``source``, loaded into ``device_index``'s (primary)
-    context and allowed ``smem`` bytes of dynamic shared memory."""
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin(f"sm_{major}{minor}", stages, defines, source)
+def _module(device_index: int, cubin: Path) -> ctypes.c_void_p:
+    """``cubin`` loaded into ``device_index``'s (primary) context, once."""
     with torch.cuda.device(device_index):
         torch.cuda.current_stream().synchronize()  # makes torch's context current here
-        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        module = ctypes.c_void_p()
         _check(_driver().cuModuleLoadData(ctypes.byref(module), cubin.read_bytes()),
                "cuModuleLoadData")
+    return module
+
+
+@functools.cache
+def _function(device_index: int, name: str, stages: int, defines: tuple, smem: int,
+              source: Path) -> ctypes.c_void_p:
+    """Kernel ``name`` from the cubin of ``source``, allowed ``smem`` bytes of dynamic shared
+    memory."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    module = _module(device_index, compile_cubin(f"sm_{major}{minor}", stages, defines, source))
+    fn = ctypes.c_void_p()
+    with torch.cuda.device(device_index):
         _check(_driver().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
                f"cuModuleGetFunction({name})")
         max_dynamic_shared = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _check(_driver().cuFuncSetAttribute(fn, max_dynamic_shared, smem), "cuFuncSetAttribute")
+        _check(_driver().cuFuncSetAttribute(fn, max_dynamic_shared, smem),
+               "cuFuncSetAttribute")
     return fn
 
 
@@ -143,9 +152,9 @@ def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
 
 
 def default_chunk_len(batch: int, num_kv_heads: int, max_len: int, sms: int) -> int:
-    """Tokens per CTA: 2048 (the best of 1024 / 2048 / whole sequences on every large bench
-    case but one, ``benchmarks/h200/cuda_fp8_probe.json``), halved down to 256 while fewer
-    than 2 CTAs per SM would run."""
+    """Tokens per CTA: 2048 (within a point of the best of 1024 / 2048 / whole sequences at 3
+    stages on every large bench case, ``benchmarks/h200/cuda_fp8_probe.json``), halved down
+    to 256 while fewer than 2 CTAs per SM would run."""
     chunk = min(max(max_len, 1), 2048)
     while chunk > 256 and batch * num_kv_heads * math.ceil(max_len / chunk) < 2 * sms:
         chunk //= 2
@@ -222,6 +231,8 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() == 3 else (0, 0, 0)
     scale = head_dim ** -0.5 if scale is None else scale
     data = k_cache.data
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens.contiguous()  # (the kernel steps through both by 1)
     args = _Args(
         q.data_ptr(), data.data_ptr(), v_cache.data.data_ptr(), ks.data_ptr(), vs.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), part_o.data_ptr(),
@@ -229,10 +240,6 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
         data.stride(0), data.stride(1), data.stride(2), *s_strides, block_tables.stride(0),
         int(math.log2(block_size)), num_q_heads // num_kv_heads, chunk_len, max_chunks,
         scale * math.log2(math.e))
-    if block_tables.stride(1) != 1 or seq_lens.stride(0) != 1:  # the kernel steps by 1
-        block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
-        args.block_tables, args.seq_lens = block_tables.data_ptr(), seq_lens.data_ptr()
-        args.table_sb = block_tables.stride(0)
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     stream = torch.cuda.current_stream(q.device).cuda_stream
     defines = tuple(defines)
