@@ -45,7 +45,8 @@ def main() -> None:
             nbytes = bytes_moved(inp)
             args = inp.args()
             out = torch.empty_like(inp.q)
-            runners = {label: fn for label, (_, _, fn) in our_runners(inp).items()}
+            runners = {label: fn for label, (backend, _, fn) in our_runners(inp).items()
+                       if backend != "cuda_fp8"}  # (the sweep's chunk=None row is that one)
             max_len = max(lens)
             for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
                 if (chunk is not None and chunk >= max_len) or (
