@@ -36,6 +36,29 @@ def test_cuda_fp8_matches_float64(fmt, case, chunk_len):
     assert_close(out, inp.reference(), name=f"cuda {fmt} case {case} chunk {chunk_len}")
 
 
+@pytest.mark.parametrize("case", [0, 1, 3])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head"])
+def test_cuda_fp8_warps_sharing_a_head(fmt, case):
+    """WARPS_PER_HEAD=2: two warps split each head's tiles and merge in shared memory."""
+    lens, bs, d, hq, hkv, dtype = CASES[case]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                            dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
+    for chunk_len in (None, 320):
+        out = paged_attention_cuda_fp8(*inp.args(), chunk_len=chunk_len,
+                                       defines=("WARPS_PER_HEAD=2",))
+        assert_close(out, inp.reference(), name=f"2 warps a head, {fmt} case {case}")
+
+
+def test_cuda_fp8_out_with_odd_strides():
+    """An out whose rows are not 4-element aligned gets the answer through a temporary."""
+    inp = make_paged_inputs([100, 700], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                            dtype=torch.float16, device="cuda", seed=6).quantized("fp8")
+    out = torch.zeros(2, 8, 66, dtype=torch.float16, device="cuda")[..., 1:65]
+    got = paged_attention_cuda_fp8(*inp.args(), out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_close(out, inp.reference(), name="odd out strides")
+
+
 def test_cuda_fp8_strided_q_and_out_and_scale():
     inp = make_paged_inputs([100, 2000], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=5).quantized("fp8")
@@ -66,8 +89,12 @@ MUTANTS = {
                              "x[i] = c[i >> 1][i & 1] * sc;"),
     "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
                                   "prmt(vw[0][w], vw[1][w], 0x4150)"),
-    "no rescale of O": ("      o[j][0] *= alpha;\n", ""),
-    "merge of warp 0 only": ("for (int w = 0; w < WARPS; ++w) {\n      const float f",
+    "no rescale of O": ("o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;", ""),
+    "rescale only when every max grew": ("__any_sync(FULL, grew)", "__all_sync(FULL, grew)"),
+    "alphas of the wrong queries": ("__shfl_sync(FULL, alpha, 8 * t + 4)",
+                                    "__shfl_sync(FULL, alpha, 8 * t)"),
+    "table entries one batch late": ("entries = next_entries;", ""),
+    "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",
                              "for (int w = 0; w < 1; ++w) {\n      const float f"),
 }
 
@@ -82,8 +109,9 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
     source = tmp_path / "mutant.cu"
     source.write_text(text.replace(old, new))
     monkeypatch.setattr(cuda_fp8, "SOURCE", source)
-    inp = make_paged_inputs([15, 300, 1000], num_q_heads=32, num_kv_heads=8, head_dim=128,
+    # (1100 tokens in 256-token chunks: 69 tiles, past the second batch of table entries)
+    inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=11).quantized("fp8")
-    out = paged_attention_cuda_fp8(*inp.args())
+    out = paged_attention_cuda_fp8(*inp.args(), chunk_len=1100 if "table" in mutant else None)
     with pytest.raises(AssertionError):
         assert_close(out, inp.reference(), name=mutant)

@@ -73,24 +73,24 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
     runners = {backend: (backend, {"num_chunks": plan.num_chunks},
                          lambda: paged_attention_split(*args, plan=plan, out=out,
                                                        scratch=scratch))}
-    return runners | cuda_fp8_runners(inp, lengths.max_len, out)
+    return runners | cuda_fp8_runners(inp, lengths, out)
 
 
-def cuda_fp8_runners(inp: PagedInputs, max_len: int, out: torch.Tensor) -> dict:
+def cuda_fp8_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
     """The hand-written CUDA kernel (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache, with
-    its default chunking and stages, where this machine can build and run it."""
-    from paged_ref.kernels.cuda_fp8 import (
-        DEFAULT_STAGES,
-        cuda_fp8_available,
-        paged_attention_cuda_fp8,
-    )
+    its default chunking and stages, where this machine can build and run it: planned once
+    outside the timing, as the Triton runner's split is (the timed call is ``plan.run``)."""
+    from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, cuda_fp8_available, plan_cuda_fp8
 
     if not isinstance(inp.k_cache, QuantizedKV) or inp.k_cache.format.kind != "fp8" or (
             not cuda_fp8_available(inp.q.device)):
         return {}
     args = inp.args()
-    return {"cuda_fp8": ("cuda_fp8", {"stages": DEFAULT_STAGES}, lambda: paged_attention_cuda_fp8(
-        *args, out=out, max_len=max_len))}
+    plan = plan_cuda_fp8(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)
+    info = {"stages": DEFAULT_STAGES, "chunk_len": plan.chunk_len,
+            "heads_per_cta": plan.heads_per_cta,
+            "warps_per_head": plan.threads // 32 // plan.heads_per_cta}
+    return {"cuda_fp8": ("cuda_fp8", info, lambda: plan.run(*args, out=out))}
 
 
 def flashinfer_runners(inp: PagedInputs) -> dict:

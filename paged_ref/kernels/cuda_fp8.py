@@ -12,6 +12,8 @@ Needs an NVIDIA GPU with FP8 conversions (compute capability 8.9+) and ``nvcc`` 
 or on ``PATH``); :func:`cuda_fp8_available` says whether this machine has both.
 
     out = paged_attention_cuda_fp8(q, k_fp8, v_fp8, block_tables, seq_lens)
+    plan = plan_cuda_fp8(q, k_fp8, v_fp8, block_tables, seq_lens, max_len=4096)  # or once,
+    out = plan.run(q, k_fp8, v_fp8, block_tables, seq_lens)                     # run many
 
 q: float16 / bfloat16 ``[batch, Hq, head_dim]`` (head_dim 64, 128 or 256; ``Hq / Hkv <= 8``);
 caches: :class:`~paged_ref.QuantizedKV` in ``fp8`` (per tensor) or ``fp8_token_head`` format,
@@ -28,6 +30,7 @@ import math
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +38,9 @@ import torch
 from paged_ref.quant import QuantizedKV
 
 SOURCE = Path(__file__).with_name("cuda_fp8_decode.cu")
-WARPS = 4  # as in the .cu file
+WARPS_PER_HEAD = 1  # as in the .cu file: warps sharing one KV head's tiles of a chunk
+MAX_WARPS = 8  # per CTA (the .cu's launch bounds)
+MAX_MERGE_WARPS = 16  # warps of the merge kernel's CTA: one per chunk, at most this
 TILE = 16
 MAX_GROUP = 8
 #: Tiles in each warp's shared-memory ring (the .cu file's STAGES): STAGES - 1 in flight.
@@ -51,7 +56,8 @@ class _Args(ctypes.Structure):
         "part_lse")] + [(n, ctypes.c_longlong) for n in (
             "q_sb", "q_sh", "o_sb", "o_sh", "c_sb", "c_st", "c_sh", "s_sb", "s_st", "s_sh",
             "table_sb")] + [(n, ctypes.c_int) for n in (
-                "block_shift", "group", "chunk_len", "max_chunks")] + [
+                "block_shift", "group", "chunk_len", "max_chunks", "max_len",
+                "heads_per_cta")] + [
         ("qk_scale_log2", ctypes.c_float)]
 
 
@@ -70,7 +76,7 @@ def cuda_fp8_available(device: torch.device | str | None = None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def shared_bytes(head_dim: int, stages: int, warps: int = WARPS) -> int:
+def shared_bytes(head_dim: int, stages: int, warps: int) -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: K and
     V rows of ``head_dim + 16`` bytes, and 2 x 16 float32 scales)."""
     return warps * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
@@ -129,20 +135,28 @@ def _module(device_index: int, cubin: Path) -> ctypes.c_void_p:
 
 
 @functools.cache
-def _function(device_index: int, name: str, stages: int, defines: tuple, smem: int,
+def _function(device_index: int, name: str, stages: int, defines: tuple,
               source: Path) -> ctypes.c_void_p:
-    """Kernel ``name`` from the cubin of ``source``, allowed ``smem`` bytes of dynamic shared
-    memory."""
+    """Kernel ``name`` from the cubin of ``source``, allowed all the shared memory a CTA may
+    have on this GPU (less its own static ``__shared__`` arrays)."""
     major, minor = torch.cuda.get_device_capability(device_index)
     module = _module(device_index, compile_cubin(f"sm_{major}{minor}", stages, defines, source))
     fn = ctypes.c_void_p()
     with torch.cuda.device(device_index):
         _check(_driver().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
                f"cuModuleGetFunction({name})")
+        static = ctypes.c_int()  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: its __shared__ arrays
+        _check(_driver().cuFuncGetAttribute(ctypes.byref(static), 1, fn), "cuFuncGetAttribute")
         max_dynamic_shared = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _check(_driver().cuFuncSetAttribute(fn, max_dynamic_shared, smem),
+        _check(_driver().cuFuncSetAttribute(fn, max_dynamic_shared,
+                                            _shared_limit(device_index) - static.value),
                "cuFuncSetAttribute")
     return fn
+
+
+def _shared_limit(device_index: int) -> int:
+    """Bytes of shared memory one CTA may ask for on this GPU (227 KiB on an H100 / H200)."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
 def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
@@ -151,14 +165,47 @@ def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
                                     argv, None), "cuLaunchKernel")
 
 
-def default_chunk_len(batch: int, num_kv_heads: int, max_len: int, sms: int) -> int:
-    """Tokens per CTA: 2048 (within a point of the best of 1024 / 2048 / whole sequences at 3
-    stages on every large bench case, ``benchmarks/h200/cuda_fp8_probe.json``), halved down
-    to 256 while fewer than 2 CTAs per SM would run."""
-    chunk = min(max(max_len, 1), 2048)
-    while chunk > 256 and batch * num_kv_heads * math.ceil(max_len / chunk) < 2 * sms:
-        chunk //= 2
-    return chunk
+def heads_per_cta(num_kv_heads: int, warps_per_head: int = WARPS_PER_HEAD,
+                  max_warps: int = MAX_WARPS) -> int:
+    """KV heads side by side in one CTA: the largest divisor of ``num_kv_heads`` that keeps the
+    CTA within ``max_warps`` warps. (Their rows interleave in memory, so together they read
+    whole token rows of the cache at once.)"""
+    most = max(max_warps // warps_per_head, 1)
+    return max(h for h in range(1, most + 1) if num_kv_heads % h == 0)
+
+
+def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
+                   total_tokens: int | None = None) -> tuple[int, int]:
+    """``(chunk_len, warps_per_head)`` for a batch, from the probe on the H200
+    (``benchmarks/h200/cuda_fp8_probe.json``): each warp streams long runs of one head, about
+    one or two CTAs per SM, and no merge kernel when it can be helped.
+
+    * Lengths about equal (``total_tokens`` >= 90 % of ``batch * max_len``, or unknown):
+      whole sequences, with the warps per head (1, 2 or 4; the CTA's KV heads shrink to
+      match) that give the most CTAs up to 2 per SM: B64_L4096 takes 4, B256_L1024 takes 1.
+    * Too few sequences for that (fewer CTAs than SMs even at 4): one warp per head (8 heads
+      a CTA) and the sequences cut into as many chunks as fit one CTA per SM (B8_L32768:
+      2048 tokens, B1_L131072: 1008), merged by a second kernel.
+    * Ragged lengths: one warp per head, chunks sized for about 2 CTAs per SM in all.
+    """
+    max_len = max(max_len, 1)
+    whole = {w: batch * num_kv_heads // heads_per_cta(num_kv_heads, w) for w in (1, 2, 4)}
+    layer = whole[1]  # CTAs per chunk position with one warp per head
+    uniform = total_tokens is None or total_tokens >= 0.9 * batch * max_len
+    if uniform:
+        fits = [w for w in (4, 2, 1) if sms <= whole[w] <= 2 * sms]
+        if fits:
+            return max_len, fits[0]
+        if whole[1] > 2 * sms:  # many sequences: one warp per head, several CTAs per SM
+            return max_len, 1
+        chunks = max(1, sms // layer)
+        chunk = 16 * math.ceil(math.ceil(max_len / chunks) / 16)
+        return max(chunk, min(256, max_len)), 1
+    # ragged: CTAs ~= (total / chunk + batch / 2) * layer / batch
+    per_cta_pos = layer / batch  # CTAs per (sequence, chunk)
+    target = max(2 * sms / per_cta_pos - batch / 2, 1)
+    chunk = 16 * math.ceil(total_tokens / target / 16)
+    return min(max(chunk, 256), max_len), 1
 
 
 def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
@@ -188,73 +235,166 @@ def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
     return "_token" if k_cache.format.scale_per == "token_head" else ""
 
 
-def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
-                             out=None, chunk_len=None, max_len=None,
-                             stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
-    """Decode attention over FP8 caches with the CUDA kernel (see the module docstring).
+@dataclass(frozen=True)
+class CudaFP8Plan:
+    """A prepared launch of the CUDA FP8 kernel, as :func:`paged_ref.plan_decode` is for the
+    Triton ones: the checks, the kernels, the chunking and the scratch buffers are settled
+    once by :func:`plan_cuda_fp8`; :meth:`run` fills in the tensors' addresses and launches
+    (no tensor value read, nothing allocated but the output). Lengths up to ``max_len`` are
+    covered; the kernel clamps longer ones to it (cut short, never read past the table)."""
 
-    ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
-    macros of the .cu file, for experiments (``("WARPS=8", "MIN_BLOCKS=2")``).
-    ``chunk_len`` (tokens per CTA) defaults to :func:`default_chunk_len`; ``max_len`` (the
-    longest sequence) is read from ``seq_lens`` when not given (one read-back). Returns
-    ``[batch, Hq, head_dim]`` in q's dtype (``out`` when given).
-    """
-    from paged_ref.validation import check_out, check_shapes, check_values
+    q_shape: tuple
+    q_dtype: torch.dtype
+    cache_shape: tuple
+    kv_format: object
+    device_index: int
+    decode: ctypes.c_void_p
+    merge: ctypes.c_void_p | None
+    grid: tuple
+    threads: int
+    smem: int
+    merge_threads: int
+    chunk_len: int
+    max_chunks: int
+    max_len: int
+    heads_per_cta: int
+    qk_scale_log2: float
+    part_o: torch.Tensor | None  # [B, Hq, max_chunks, D] float32 scratch (None: one chunk)
+    part_lse: torch.Tensor | None
+
+    def run(self, q, k_cache, v_cache, block_tables, seq_lens, out=None) -> torch.Tensor:
+        """Attention for these tensors (shaped, typed and placed as planned)."""
+        if (tuple(q.shape) != self.q_shape or q.dtype != self.q_dtype
+                or q.device.index != self.device_index or q.stride(-1) != 1):
+            raise ValueError(f"q {tuple(q.shape)} {q.dtype} on {q.device} does not match the "
+                             f"plan: {self.q_shape} {self.q_dtype} on cuda:{self.device_index}, "
+                             "head_dim contiguous")
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if getattr(c, "format", None) != self.kv_format or tuple(c.shape) != self.cache_shape:
+                raise ValueError(f"{name} is not the {self.kv_format.name} cache of shape "
+                                 f"{self.cache_shape} this launch was planned for")
+        if out is None:
+            out = torch.empty_like(q)
+        if self.q_shape[0] == 0:
+            return out
+        target = out
+        # The kernel stores 4 channels at a time: an out it cannot (strides not multiples of 4
+        # elements) gets the answer through a contiguous temporary.
+        if out.stride(0) % 4 or out.stride(1) % 4 or out.data_ptr() % 8 or out.stride(2) != 1:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        data, v_data = k_cache.data, v_cache.data
+        if v_data.stride() != data.stride():  # the kernel reads V at K's offsets
+            data, v_data = data.contiguous(), v_data.contiguous()
+        if block_tables.stride(1) != 1:  # (the kernel steps through both by 1)
+            block_tables = block_tables.contiguous()
+        seq_lens = seq_lens.contiguous()
+        ks, vs = k_cache.scale, v_cache.scale
+        s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() == 3 else (0, 0, 0)
+        part_o = out if self.part_o is None else self.part_o
+        part_lse = out if self.part_lse is None else self.part_lse
+        args = _Args(
+            q.data_ptr(), data.data_ptr(), v_data.data_ptr(), ks.data_ptr(), vs.data_ptr(),
+            block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), part_o.data_ptr(),
+            part_lse.data_ptr(), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            data.stride(0), data.stride(1), data.stride(2), *s_strides, block_tables.stride(0),
+            int(math.log2(self.cache_shape[1])), self.q_shape[1] // self.cache_shape[2],
+            self.chunk_len, self.max_chunks, self.max_len, self.heads_per_cta,
+            self.qk_scale_log2)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _launch(self.decode, self.grid, self.threads, self.smem, args, stream)
+        if self.merge is not None:
+            _launch(self.merge, (self.q_shape[1], self.q_shape[0], 1), self.merge_threads, 0,
+                    args, stream)
+        if target is not out:
+            target.copy_(out)
+        return target
+
+
+def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_len=None,
+                  max_len=None, total_tokens=None, stages=DEFAULT_STAGES,
+                  defines=()) -> CudaFP8Plan:
+    """Check the inputs (:func:`paged_ref.validation.check_shapes`, and
+    :func:`~paged_ref.validation.check_values` unless ``max_len`` is given: one read-back),
+    compile or load the kernels, choose the chunking and allocate the scratch: a
+    :class:`CudaFP8Plan` to :meth:`~CudaFP8Plan.run` on these tensors or others like them.
+
+    ``chunk_len`` (tokens per CTA and KV head) and the warps per head (the ``WARPS_PER_HEAD``
+    define) default to :func:`default_launch` of ``max_len`` and ``total_tokens`` (the sum of
+    the lengths, read back with ``max_len`` when that is not given). A ``WARPS_PER_HEAD`` in
+    ``defines`` without a ``chunk_len`` runs whole sequences."""
+    from paged_ref.validation import check_shapes, check_values
 
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
     suffix = check_fp8_inputs(q, k_cache, v_cache, stages)
     if max_len is None:
-        max_len = check_values(block_tables, seq_lens, shapes).max_len
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        check_out(out, q)
-        if out.stride(-1) != 1:
-            raise ValueError("out's head_dim must be contiguous (stride 1) for the CUDA FP8 kernel")
+        lengths = check_values(block_tables, seq_lens, shapes)
+        max_len, total_tokens = lengths.max_len, lengths.total_tokens
+    if not isinstance(max_len, int) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if batch == 0:
-        return out
     device = q.device.index
-    if chunk_len is None:
+    defines = tuple(defines)
+    if chunk_len is None and not any(d.startswith("WARPS_PER_HEAD=") for d in defines):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        chunk_len = default_chunk_len(batch, num_kv_heads, max_len, sms)
+        chunk_len, warps = default_launch(batch, num_kv_heads, max_len, sms, total_tokens)
+        if warps != WARPS_PER_HEAD:
+            defines = (*defines, f"WARPS_PER_HEAD={warps}")
+    elif chunk_len is None:
+        chunk_len = max_len
+    warps_per_head = _macro(defines, "WARPS_PER_HEAD", WARPS_PER_HEAD)
     chunk_len = 16 * math.ceil(max(chunk_len, 1) / 16)  # tiles start at multiples of 16
     max_chunks = max(1, math.ceil(max_len / chunk_len))
-    part_o = part_lse = out  # placeholders when nothing is split
+    part_o = part_lse = None
     if max_chunks > 1:
         part_o = torch.empty(batch, num_q_heads, max_chunks, head_dim, dtype=torch.float32,
                              device=q.device)
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
                                device=q.device)
-    ks, vs = k_cache.scale, v_cache.scale
-    s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() == 3 else (0, 0, 0)
-    scale = head_dim ** -0.5 if scale is None else scale
-    data = k_cache.data
-    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens.contiguous()  # (the kernel steps through both by 1)
-    args = _Args(
-        q.data_ptr(), data.data_ptr(), v_cache.data.data_ptr(), ks.data_ptr(), vs.data_ptr(),
-        block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), part_o.data_ptr(),
-        part_lse.data_ptr(), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        data.stride(0), data.stride(1), data.stride(2), *s_strides, block_tables.stride(0),
-        int(math.log2(block_size)), num_q_heads // num_kv_heads, chunk_len, max_chunks,
-        scale * math.log2(math.e))
+    ring = shared_bytes(head_dim, stages, warps_per_head)  # per head of a CTA
+    if ring > _shared_limit(device):
+        raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
+                         f"memory per head; this GPU allows {_shared_limit(device)}: use fewer")
+    heads = heads_per_cta(num_kv_heads, warps_per_head,
+                          min(MAX_WARPS, _shared_limit(device) // ring * warps_per_head))
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    defines = tuple(defines)
-    warps = _macro(defines, "WARPS", WARPS)
-    smem = shared_bytes(head_dim, stages, warps)
-    grid = (num_kv_heads, max_chunks, batch)
-    _launch(_function(device, f"fp8_decode_{name}{suffix}", stages, defines, smem, SOURCE),
-            grid, warps * 32, smem, args, stream)
-    if max_chunks > 1:
-        _launch(_function(device, f"fp8_merge_{name}", stages, defines, 0, SOURCE),
-                (num_q_heads, batch, 1), head_dim, 0, args, stream)
-        # (the temporaries are freed when this call returns; the caching allocator keeps them
-        # for later work on this stream only, which runs after the kernels)
-    return out
+    scale = head_dim ** -0.5 if scale is None else scale
+    return CudaFP8Plan(
+        q_shape=tuple(q.shape), q_dtype=q.dtype, cache_shape=tuple(k_cache.shape),
+        kv_format=k_cache.format, device_index=device,
+        decode=_function(device, f"fp8_decode_{name}{suffix}", stages, defines, SOURCE),
+        merge=(_function(device, f"fp8_merge_{name}", stages, defines, SOURCE)
+               if max_chunks > 1 else None),
+        grid=(num_kv_heads // heads, max_chunks, batch), threads=32 * heads * warps_per_head,
+        smem=ring * heads, merge_threads=32 * min(max_chunks, MAX_MERGE_WARPS),
+        chunk_len=chunk_len, max_chunks=max_chunks, max_len=max_len, heads_per_cta=heads,
+        qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse)
 
 
-__all__ = ["check_fp8_inputs", "compile_cubin", "cuda_fp8_available", "default_chunk_len",
-           "paged_attention_cuda_fp8"]
+def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
+                             out=None, chunk_len=None, max_len=None, total_tokens=None,
+                             stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
+    """Decode attention over FP8 caches with the CUDA kernel (see the module docstring): a
+    :func:`plan_cuda_fp8` and one :meth:`~CudaFP8Plan.run`.
+
+    ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
+    macros of the .cu file, for experiments (``("WARPS_PER_HEAD=2", "L2_PREFETCH=128")``).
+    ``chunk_len`` (tokens per CTA and KV head) defaults to :func:`default_launch`;
+    ``max_len`` (the longest sequence) and ``total_tokens`` are read from ``seq_lens`` when
+    ``max_len`` is not given (one read-back). Returns ``[batch, Hq, head_dim]`` in q's dtype
+    (``out`` when given).
+    """
+    from paged_ref.validation import check_out
+
+    if out is not None:
+        check_out(out, q)
+        if out.stride(-1) != 1:
+            raise ValueError("out's head_dim must be contiguous (stride 1) for the CUDA FP8 kernel")
+    plan = plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                         chunk_len=chunk_len, max_len=max_len, total_tokens=total_tokens,
+                         stages=stages, defines=defines)
+    return plan.run(q, k_cache, v_cache, block_tables, seq_lens, out)
+
+
+__all__ = ["CudaFP8Plan", "check_fp8_inputs", "compile_cubin", "cuda_fp8_available",
+           "default_launch", "heads_per_cta", "paged_attention_cuda_fp8", "plan_cuda_fp8"]

@@ -7,18 +7,23 @@
 // ldmatrix.trans moves 16-bit elements only). Here each thread reads from shared memory only
 // the bytes its own MMA fragments need, in 16-byte loads:
 //
-// * one warp owns whole 16-token tiles (warp w of a CTA takes tiles w, w + WARPS, ...), with
-//   its own online softmax; the warps of a CTA merge once at the end;
+// * a CTA holds several KV heads of one sequence side by side (their 128-byte rows are
+//   neighbours in memory, so together they read whole token rows), and WARPS_PER_HEAD warps
+//   per head; a warp owns whole 16-token tiles (warp part p of a head takes tiles p,
+//   p + WARPS_PER_HEAD, ...) with its own online softmax; a head's warps merge at the end;
 // * each warp copies its next STAGES - 1 tiles global -> shared with cp.async (a ring; no
-//   registers held, only __syncwarp between lanes), whole 128-byte token rows per instruction;
-// * S = Q K^T and O += P V are mma.sync m16n8k16 (float16 in, float32 accumulate): rows are
-//   the query heads of one KV head (GROUP <= 8 of the 16 rows are real);
+//   registers held, only __syncwarp between lanes), whole 128-byte token rows per instruction,
+//   with the block-table entries looked up 32 tiles ahead (one load per lane), so no copy
+//   waits on a table read;
+// * S = Q K^T is mma.sync m16n8k16 (float16 in, float32 accumulate) with the query heads of
+//   one KV head as rows (GROUP <= 8 of the 16 are real); O^T += V^T P^T has the channels as
+//   rows, so all 16 are real and P^T is the S accumulator as it stands;
 // * the order of a dot product's terms is free, so each thread's channels are chosen to be
 //   contiguous in memory: for K a thread reads 32 bytes of one token (D = 128), for V 16 bytes
 //   of each of 4 tokens; Q (loaded once) and the output use the same channel order;
 // * V's MMA operand wants two *tokens* of one channel in each 16-bit half: two byte permutes
 //   (prmt) build them from two token rows, then one cvt.rn.f16x2.e4m3x2 makes two float16s;
-// * P comes out of the S accumulator already in the A-operand layout of the P V MMA.
+// * O is rescaled only when some query's running max grew (rare after the first tiles).
 //
 // Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
 // scales float32 (one per tensor, or one per token-head [num_blocks, block_size, Hkv]).
@@ -29,13 +34,14 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#ifndef WARPS
-#define WARPS 4  // per CTA; they share the chunk's tiles
+#ifndef WARPS_PER_HEAD
+#define WARPS_PER_HEAD 1  // warps sharing one KV head's tiles of a chunk (merged at the end)
 #endif
+#define MAX_WARPS 8  // per CTA: heads_per_cta * WARPS_PER_HEAD (a launch argument) <= 8
 #define TILE 16
 #define MAX_GROUP 8
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1  // __launch_bounds__'s CTAs per SM (caps registers when > 1)
+#define MIN_BLOCKS 2  // __launch_bounds__'s CTAs (of MAX_WARPS warps) per SM: <= 128 registers
 #endif
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 256  // cp.async's L2 prefetch size in bytes (0, 128 or 256)
@@ -43,6 +49,7 @@
 #ifndef STAGES
 #define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
 #endif
+#define FULL 0xffffffffu
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
   // low byte -> low float16, next byte -> high float16 (of the word's low 16 bits)
@@ -129,6 +136,8 @@ struct Args {
   long long table_sb;
   int block_shift;            // log2(block_size): block sizes are powers of two here
   int group, chunk_len, max_chunks;
+  int max_len;                // lengths are clamped to this (what the launch was planned for)
+  int heads_per_cta;          // KV heads side by side in one CTA (blockDim = 32 * this * WARPS_PER_HEAD)
   float qk_scale_log2;        // softmax scale * log2(e)
 };
 
@@ -141,44 +150,42 @@ struct Stage {
   uint8_t v[TILE * ROW];
   float ks[TILE], vs[TILE];
 };
-// (cuda_fp8.py's shared_bytes mirrors this size; the final merge of the warps reuses the ring)
+// (cuda_fp8.py's shared_bytes mirrors this size; the merge of a head's warps reuses the ring)
 static_assert(sizeof(Stage<128>) == 2 * TILE * (128 + 16) + 2 * TILE * 4, "Stage size");
-static_assert(WARPS * STAGES * sizeof(Stage<64>) >= WARPS * MAX_GROUP * (64 + 2) * 4, "merge");
+static_assert(2 * sizeof(Stage<64>) >= MAX_GROUP * (64 + 4) * 4, "merge space per warp");
 
 // Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: each instruction copies
 // whole token rows (D / 16 lanes of 16 bytes per row: full 128-byte lines for D = 128, which
 // DRAM serves better than the same bytes spread over more rows per instruction); tokens past
 // `end` are zero-filled and never read. k_head / v_head: the caches at this KV head.
+// Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole tile lies in one block,
+// whose table entry `blk` the caller looked up ahead of time. Smaller blocks: an entry per row.
 template <int D, bool TOKEN_SCALE>
 __device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uint8_t* k_head,
-                                          const uint8_t* v_head, const int* table, int head,
-                                          int t0, int end, int lane) {
+                                          long long v_minus_k, const int* table, int head,
+                                          int t0, int end, int lane, int blk) {
   constexpr int PIECES = D / 16, ROWS_PER_STEP = 32 / PIECES;  // per instruction
   const int piece = lane % PIECES, row0 = lane / PIECES;
   const int mask = (1 << a.block_shift) - 1;
-  // Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole tile lies in one
-  // block: one table entry, rows c_st apart. Smaller blocks: a table entry per row.
   const bool one_block = a.block_shift >= 4;
-  const long long tile_base =
-      one_block && t0 < end ? table[t0 >> a.block_shift] * a.c_sb + (t0 & mask) * a.c_st : 0;
+  const uint8_t* src = k_head + (long long)blk * a.c_sb + ((t0 & mask) + row0) * a.c_st + piece * 16;
 #pragma unroll
   for (int i = 0; i < TILE / ROWS_PER_STEP; ++i) {
     const int row = row0 + i * ROWS_PER_STEP, tok = t0 + row;
     const bool ok = tok < end;
-    long long off = tile_base + row * a.c_st + piece * 16;
+    const uint8_t* k_src = src + i * ROWS_PER_STEP * a.c_st;
     if (!one_block) {
-      const long long blk = ok ? table[tok >> a.block_shift] : 0;
-      off = blk * a.c_sb + (tok & mask) * a.c_st + piece * 16;
+      const long long b = ok ? table[tok >> a.block_shift] : 0;
+      k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
     }
-    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, k_head + off, ok);
-    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, v_head + off, ok);
+    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, k_src, ok);
+    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, k_src + v_minus_k, ok);
   }
   if constexpr (TOKEN_SCALE) {
     const int row = lane % TILE, tok = t0 + row;
     const bool ok = tok < end;
-    const long long blk = ok ? table[tok >> a.block_shift] : 0;
-    const int slot = tok & ((1 << a.block_shift) - 1);
-    const long long s = blk * a.s_sb + slot * a.s_st + head * a.s_sh;
+    const long long b = one_block ? blk : ok ? table[tok >> a.block_shift] : 0;
+    const long long s = b * a.s_sb + (tok & mask) * a.s_st + head * a.s_sh;
     if (lane < TILE) cp_async_4(st.ks + row, a.k_scale + s, ok);
     else cp_async_4(st.vs + row, a.v_scale + s, ok);
   }
@@ -199,17 +206,31 @@ __device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_
   }
 }
 
+// Store 4 consecutive channels of one output row (float32 partials or q's dtype).
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, float x0, float x1, float x2, float x3) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(dst) = make_float4(x0, x1, x2, x3);
+  } else {
+    T v[4] = {T(x0), T(x1), T(x2), T(x3)};  // (__half / __nv_bfloat16 from float: nearest)
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  }
+}
+
 template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
-  constexpr int NTILES = D / 8;   // n-tiles of O = P V (8 channels each)
-  // grid (Hkv, chunks, B): the KV heads of one chunk run side by side (their rows interleave
-  // in memory)
-  const int kv_head = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
-  const int num_kv_heads = gridDim.x;
+  constexpr int VWORDS = D / 32;  // 32-bit words of each V row a thread reads (its D/8 channels)
+  constexpr int OTILES = D / 16;  // m-tiles of O^T = V^T P^T (16 channels each)
+  // grid (Hkv / heads_per_cta, chunks, B): the KV heads of one CTA read the same tokens at
+  // the same time (their rows interleave in memory). Warp w: head w % heads_per_cta of the
+  // CTA, part w / heads_per_cta of that head's tiles.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int seq_len = a.seq_lens[b];
+  const int part = warp / a.heads_per_cta;
+  const int kv_head = blockIdx.x * a.heads_per_cta + warp % a.heads_per_cta;
+  const int chunk = blockIdx.y, b = blockIdx.z;
+  const int seq_len = min(a.seq_lens[b], a.max_len);
   const int start = chunk * a.chunk_len;
   const int end = min(seq_len, start + a.chunk_len);
   const int n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
@@ -217,7 +238,7 @@ __device__ void fp8_decode(const Args& a) {
                                                // zeros for an empty one)
   const int* table = a.block_tables + b * a.table_sb;
   const uint8_t* k_head = a.k + kv_head * a.c_sh;
-  const uint8_t* v_head = a.v + kv_head * a.c_sh;
+  const long long v_minus_k = a.v - a.k;  // same layout: V's byte = K's byte + this
 
   extern __shared__ __align__(16) uint8_t smem[];  // STAGES tiles per warp, then reused
   Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
@@ -240,34 +261,47 @@ __device__ void fp8_decode(const Args& a) {
       qa[s][3] = 0;
     }
   }
-  float o[NTILES][4];
+  // O^T accumulators: m-tile j, thread (g, t) holds queries 2t, 2t+1 of channels
+  // g * D/8 + 2j (o[j][0], o[j][1]) and g * D/8 + 2j + 1 (o[j][2], o[j][3]).
+  float o[OTILES][4];
 #pragma unroll
-  for (int j = 0; j < NTILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // row g's running max (log2 units) and this thread's sum
+  for (int j = 0; j < OTILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m = -INFINITY, l = 0.f;  // query g's running max (log2 units) and this thread's sum
 
   const float k_scale = TOKEN_SCALE ? 1.f : __ldg(a.k_scale);
   const float score_scale = a.qk_scale_log2 * k_scale;
 
-  // Warp w takes tiles w, w + WARPS, ... of the chunk: tile i of this warp starts at token
-  // first + i * step. The ring keeps STAGES - 1 tiles in flight while one is used.
-  const int first = start + warp * TILE, step = WARPS * TILE;
+  // This warp takes tiles part, part + WARPS_PER_HEAD, ... of the chunk: tile i starts at
+  // token first + i * step. The ring keeps STAGES - 1 tiles in flight while one is used.
+  const int first = start + part * TILE, step = WARPS_PER_HEAD * TILE;
   const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
+  // Table entries of the next tiles, looked up ahead (blocks of >= 16 tokens): lane j holds
+  // tile 32 n + j's entry in `entries` and tile 32 (n + 1) + j's in `next_entries`.
+  auto entry = [&](int i) {
+    return a.block_shift >= 4 && i < n_tiles ? table[(first + i * step) >> a.block_shift] : 0;
+  };
+  int entries = entry(lane), next_entries = entry(32 + lane);
+  auto copy = [&](int i) {  // tile i into its stage (i is the same in every lane)
+    if (i % 32 == 0 && i > 0) {
+      entries = next_entries;
+      next_entries = entry(i + 32 + lane);
+    }
+    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], a, k_head, v_minus_k, table, kv_head,
+                              first + i * step, end, lane, __shfl_sync(FULL, entries, i % 32));
+  };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) copy_tile<D, TOKEN_SCALE>(ring[i], a, k_head, v_head, table, kv_head, first + i * step, end, lane);
+    if (i < n_tiles) copy(i);
     cp_async_commit();  // (an empty group keeps the counting uniform)
   }
   for (int i = 0; i < n_tiles; ++i) {
     cp_async_wait<STAGES - 2>();  // tile i has landed (this lane's copies) ...
     __syncwarp();                 // ... and every lane's; the stage read last step is free
-    const int ahead = i + STAGES - 1;
-    if (ahead < n_tiles)
-      copy_tile<D, TOKEN_SCALE>(ring[ahead % STAGES], a, k_head, v_head, table, kv_head,
-                                first + ahead * step, end, lane);
+    if (i + STAGES - 1 < n_tiles) copy(i + STAGES - 1);
     cp_async_commit();
     const Stage<D>& st = ring[i % STAGES];
     const int t0 = first + i * step;
-    uint32_t kw[2][D / 16], vw[4][D / 32];  // this thread's fragment bytes (see the header)
+    uint32_t kw[2][D / 16], vw[4][VWORDS];  // this thread's fragment bytes (see the header)
 #pragma unroll
     for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * Stage<D>::ROW + t * (D / 4));
 #pragma unroll
@@ -292,9 +326,10 @@ __device__ void fp8_decode(const Args& a) {
       x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;
     }
     float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
     const float m_new = fmaxf(m, mx);  // finite: the tile has a real token
+    const bool grew = m_new > m;
     const float alpha = fast_exp2(m - m_new);
     float p[4];
 #pragma unroll
@@ -305,98 +340,174 @@ __device__ void fp8_decode(const Args& a) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) p[i] *= st.vs[2 * t + (i & 1) + 8 * (i >> 1)];
     }
-    // P as the A fragment of O += P V: k-slot i <-> token t0 + i
-    const uint32_t pa[4] = {pack_f16x2(p[0], p[1]), 0u, pack_f16x2(p[2], p[3]), 0u};
+    // Rescale O only when some query's max grew (alpha is 1 otherwise: skipping is exact).
+    // O^T's columns are queries 2t, 2t+1, whose alphas live in lanes 4 * (2t) and 4 * (2t+1).
+    if (__any_sync(FULL, grew)) {
+      const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j) {
-      o[j][0] *= alpha;
-      o[j][1] *= alpha;
+      for (int j = 0; j < OTILES; ++j) {
+        o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;
+      }
     }
-    // V: n-tile j, column n <-> channel n * D/8 + j. Thread (g, t) holds channels g * D/8 + .
-    // of tokens 2t, 2t+1 (v[0], v[1]) and 2t+8, 2t+9 (v[2], v[3]).
+    // O^T += V^T P^T: P^T is the B operand (k-slot i <-> token t0 + i, column g <-> query g),
+    // straight from the S accumulator. V^T is the A operand: m-tile 2w + h, row g <-> channel
+    // g * D/8 + 4w + 2h, row g + 8 <-> the next channel; its 16-bit halves want two *tokens*
+    // of one channel, which prmt gathers from the token rows (bytes 0, 4, 1, 5 / 2, 6, 3, 7).
+    const uint32_t pb0 = pack_f16x2(p[0], p[1]), pb1 = pack_f16x2(p[2], p[3]);
 #pragma unroll
-    for (int w = 0; w < D / 32; ++w) {
-      const uint32_t lo01 = prmt(vw[0][w], vw[1][w], 0x5140);  // ch 4w, 4w+1
-      const uint32_t hi01 = prmt(vw[0][w], vw[1][w], 0x7362);  // ch 4w+2, 4w+3
-      const uint32_t lo23 = prmt(vw[2][w], vw[3][w], 0x5140);
+    for (int w = 0; w < VWORDS; ++w) {
+      const uint32_t lo01 = prmt(vw[0][w], vw[1][w], 0x5140);  // ch 4w | 4w+1, tokens 2t, 2t+1
+      const uint32_t hi01 = prmt(vw[0][w], vw[1][w], 0x7362);  // ch 4w+2 | 4w+3
+      const uint32_t lo23 = prmt(vw[2][w], vw[3][w], 0x5140);  // tokens 2t+8, 2t+9
       const uint32_t hi23 = prmt(vw[2][w], vw[3][w], 0x7362);
-      mma_16816(o[4 * w + 0], pa, e4m3x2_to_f16x2(lo01), e4m3x2_to_f16x2(lo23));
-      mma_16816(o[4 * w + 1], pa, e4m3x2_hi_to_f16x2(lo01), e4m3x2_hi_to_f16x2(lo23));
-      mma_16816(o[4 * w + 2], pa, e4m3x2_to_f16x2(hi01), e4m3x2_to_f16x2(hi23));
-      mma_16816(o[4 * w + 3], pa, e4m3x2_hi_to_f16x2(hi01), e4m3x2_hi_to_f16x2(hi23));
+      const uint32_t va[4] = {e4m3x2_to_f16x2(lo01), e4m3x2_hi_to_f16x2(lo01),
+                              e4m3x2_to_f16x2(lo23), e4m3x2_hi_to_f16x2(lo23)};
+      mma_16816(o[2 * w], va, pb0, pb1);
+      const uint32_t vb[4] = {e4m3x2_to_f16x2(hi01), e4m3x2_hi_to_f16x2(hi01),
+                              e4m3x2_to_f16x2(hi23), e4m3x2_hi_to_f16x2(hi23)};
+      mma_16816(o[2 * w + 1], vb, pb0, pb1);
     }
   }
   cp_async_wait<0>();
-  l += __shfl_xor_sync(0xffffffff, l, 1);
-  l += __shfl_xor_sync(0xffffffff, l, 2);
-
-  // The four warps' (m, l, O) -> one, in the ring's memory. Thread (g, t) holds row g,
-  // channels 2t * D/8 + j (o[j][0]) and (2t + 1) * D/8 + j (o[j][1]).
-  __syncthreads();
-  float(*sm_o)[MAX_GROUP][D] = reinterpret_cast<float(*)[MAX_GROUP][D]>(smem);
-  float(*sm_m)[MAX_GROUP] = reinterpret_cast<float(*)[MAX_GROUP]>(smem + WARPS * MAX_GROUP * D * 4);
-  float(*sm_l)[MAX_GROUP] = sm_m + WARPS;
-  if (g < a.group) {
-    if (t == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
+  l += __shfl_xor_sync(FULL, l, 1);
+  l += __shfl_xor_sync(FULL, l, 2);
+  // This thread's output queries 2t + u (u = 0, 1): their max and sum live in lane 4 (2t + u).
+  float mq[2], lq[2];
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j) {
-      sm_o[warp][g][2 * t * (D / 8) + j] = o[j][0];
-      sm_o[warp][g][(2 * t + 1) * (D / 8) + j] = o[j][1];
-    }
+  for (int u = 0; u < 2; ++u) {
+    mq[u] = __shfl_sync(FULL, m, 4 * (2 * t + u));
+    lq[u] = __shfl_sync(FULL, l, 4 * (2 * t + u));
   }
-  __syncthreads();
   const float v_scale = TOKEN_SCALE ? 1.f : __ldg(a.v_scale);
-  for (int idx = threadIdx.x; idx < a.group * D; idx += WARPS * 32) {
-    const int row = idx / D, ch = idx % D;
-    float mm = -INFINITY;
+  const int chan = g * (D / 8);  // this thread's first channel; channels chan + 4w + (0..3)
+  const bool split = n_chunks > 1;
+
+  if constexpr (WARPS_PER_HEAD == 1) {
+    // Normalise and write straight from the registers: query 2t + u, channels chan + 4w + i
+    // are o[2w][u], o[2w][2 + u], o[2w + 1][u], o[2w + 1][2 + u].
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, sm_m[w][row]);
-    float den = 0.f, num = 0.f;
+    for (int u = 0; u < 2; ++u) {
+      const int q = 2 * t + u;
+      if (q >= a.group) continue;
+      const int qh = kv_head * a.group + q;
+      const float f = end > start ? v_scale / lq[u] : 0.f;
+      const long long r = ((long long)b * gridDim.x * a.heads_per_cta * a.group + qh) *
+                          a.max_chunks + chunk;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      const float f = sm_m[w][row] == -INFINITY ? 0.f : fast_exp2(sm_m[w][row] - mm);
-      den += f * sm_l[w][row];
-      num += f * sm_o[w][row][ch];
+      for (int w = 0; w < VWORDS; ++w) {
+        const float x0 = o[2 * w][u] * f, x1 = o[2 * w][2 + u] * f;
+        const float x2 = o[2 * w + 1][u] * f, x3 = o[2 * w + 1][2 + u] * f;
+        if (!split)
+          store4(reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + chan + 4 * w,
+                 x0, x1, x2, x3);
+        else
+          store4(a.part_o + r * D + chan + 4 * w, x0, x1, x2, x3);
+      }
+      if (split && g == 0) a.part_lse[r] = mq[u] + __log2f(lq[u]);
     }
-    const int qh = kv_head * a.group + row;
-    const float val = end > start ? num / den * v_scale : 0.f;
-    if (n_chunks <= 1) {
-      T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
-      *out = T(val);  // (__half / __nv_bfloat16 from float: round to nearest)
-    } else if (chunk < n_chunks) {
-      const long long r = ((long long)b * num_kv_heads * a.group + qh) * a.max_chunks + chunk;
-      a.part_o[r * D + ch] = val;
-      if (ch == 0) a.part_lse[r] = mm + __log2f(den);
+  } else {
+    // The WARPS_PER_HEAD warps of each head: (m, l, O) -> one, in the ring's memory.
+    __syncthreads();
+    constexpr int ROWF = D + 4;  // a query's D values, then its max and sum (16-byte rows)
+    float* mine = reinterpret_cast<float*>(smem) + warp * MAX_GROUP * ROWF;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int q = 2 * t + u;
+      if (q >= a.group) continue;
+      float* row = mine + q * ROWF;
+      if (g == 0) { row[D] = mq[u]; row[D + 1] = lq[u]; }
+#pragma unroll
+      for (int w = 0; w < VWORDS; ++w)
+        store4(row + chan + 4 * w, o[2 * w][u], o[2 * w][2 + u], o[2 * w + 1][u],
+               o[2 * w + 1][2 + u]);
+    }
+    __syncthreads();
+    const int heads = a.heads_per_cta;
+    for (int idx = threadIdx.x; idx < heads * a.group * D; idx += blockDim.x) {
+      const int h = idx / (a.group * D), q = idx / D % a.group, ch = idx % D;
+      float mm = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
+        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
+        mm = fmaxf(mm, row[D]);
+      }
+      float den = 0.f, num = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
+        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
+        const float f = row[D] == -INFINITY ? 0.f : fast_exp2(row[D] - mm);
+        den += f * row[D + 1];
+        num += f * row[ch];
+      }
+      const int qh = (blockIdx.x * heads + h) * a.group + q;
+      const float val = end > start ? num / den * v_scale : 0.f;
+      if (!split) {
+        reinterpret_cast<T*>(a.out)[b * a.o_sb + (long long)qh * a.o_sh + ch] = T(val);
+      } else {
+        const long long r = ((long long)b * gridDim.x * heads * a.group + qh) * a.max_chunks + chunk;
+        a.part_o[r * D + ch] = val;
+        if (ch == 0) a.part_lse[r] = mm + __log2f(den);
+      }
     }
   }
 }
 
-// Combine the chunks of each (sequence, query head): grid (Hq, B), D threads.
+// Combine the chunks of each (sequence, query head): grid (Hq, B), blockDim.x / 32 warps
+// (<= MAX_MERGE_WARPS). Warp w folds chunks w, w + warps, ... (each lane D/32 channels), then
+// the warps fold together: many chunks (one long sequence) are read by many warps at once.
+#define MAX_MERGE_WARPS 16
 template <typename T, int D>
 __device__ void fp8_merge(const Args& a) {
-  const int qh = blockIdx.x, b = blockIdx.y, ch = threadIdx.x;
-  const int n_chunks = (a.seq_lens[b] + a.chunk_len - 1) / a.chunk_len;
+  constexpr int PER_LANE = D / 32;
+  const int qh = blockIdx.x, b = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  const int n_chunks = (min(a.seq_lens[b], a.max_len) + a.chunk_len - 1) / a.chunk_len;
   if (n_chunks <= 1) return;  // written by fp8_decode
   const long long r0 = ((long long)b * gridDim.x + qh) * a.max_chunks;
-  float mm = -INFINITY;
-  for (int c = 0; c < n_chunks; ++c) mm = fmaxf(mm, a.part_lse[r0 + c]);
-  float den = 0.f, num = 0.f;
-  for (int c = 0; c < n_chunks; ++c) {
-    const float f = fast_exp2(a.part_lse[r0 + c] - mm);
-    den += f;
-    num += f * a.part_o[(r0 + c) * D + ch];
+  float m = -INFINITY, den = 0.f, num[PER_LANE] = {};
+#pragma unroll 4
+  for (int c = warp; c < n_chunks; c += warps) {
+    const float lse = a.part_lse[r0 + c];
+    float val[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i += 2) {
+      const float2 v2 = *reinterpret_cast<const float2*>(a.part_o + (r0 + c) * D + lane * PER_LANE + i);
+      val[i] = v2.x; val[i + 1] = v2.y;
+    }
+    const float m_new = fmaxf(m, lse);  // finite: every chunk below n_chunks has a token
+    const float alpha = fast_exp2(m - m_new), f = fast_exp2(lse - m_new);
+    den = den * alpha + f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) num[i] = num[i] * alpha + f * val[i];
+    m = m_new;
   }
-  T* out = reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + ch;
-  *out = T(num / den);
+  __shared__ float sm_m[MAX_MERGE_WARPS], sm_den[MAX_MERGE_WARPS], sm_num[MAX_MERGE_WARPS][D];
+  if (lane == 0) { sm_m[warp] = m; sm_den[warp] = den; }
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) sm_num[warp][lane * PER_LANE + i] = num[i];
+  __syncthreads();
+  float mm = -INFINITY;
+  for (int w = 0; w < warps; ++w) mm = fmaxf(mm, sm_m[w]);
+  for (int ch = threadIdx.x; ch < D; ch += blockDim.x) {
+    float d = 0.f, n = 0.f;
+    for (int w = 0; w < warps; ++w) {
+      const float f = sm_m[w] == -INFINITY ? 0.f : fast_exp2(sm_m[w] - mm);
+      d += f * sm_den[w];
+      n += f * sm_num[w][ch];
+    }
+    reinterpret_cast<T*>(a.out)[b * a.o_sb + (long long)qh * a.o_sh + ch] = T(n / d);
+  }
 }
 
 // extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], fp8_merge_...
+// (head_dim 256 holds twice the fragments: one CTA of MAX_WARPS per SM, else it spills)
 #define DECODE(NAME, T, D, TOKEN)                                                        \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(const Args a) {           \
+  extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
+      NAME(const Args a) {                                                                 \
     fp8_decode<T, D, TOKEN>(a);                                                          \
   }
 #define MERGE(NAME, T, D) \
-  extern "C" __global__ void NAME(const Args a) { fp8_merge<T, D>(a); }
+  extern "C" __global__ void __launch_bounds__(MAX_MERGE_WARPS * 32) NAME(const Args a) { fp8_merge<T, D>(a); }
 #define ALL(TN, T, D)                                   \
   DECODE(fp8_decode_##TN##_d##D, T, D, false)           \
   DECODE(fp8_decode_##TN##_d##D##_token, T, D, true)    \

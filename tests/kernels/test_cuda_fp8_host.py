@@ -37,15 +37,18 @@ def test_unavailable_without_a_gpu():
         assert not cuda_fp8.cuda_fp8_available()
 
 
-@pytest.mark.parametrize("batch, heads, max_len, want", [
-    (64, 8, 4096, 2048),
-    (8, 8, 32768, 2048),
-    (1, 8, 131072, 2048),     # 64 chunks x 8 heads: 512 CTAs
-    (4, 8, 2048, 256),        # 32 (sequence, head) pairs: halved while < 264 CTAs
-    (4, 8, 200, 200),         # short: never cut
+@pytest.mark.parametrize("batch, heads, max_len, total, want", [
+    (64, 8, 4096, None, (4096, 4)),         # whole sequences, 4 warps a head: 256 CTAs
+    (256, 8, 1024, None, (1024, 1)),        # whole sequences, 8 heads a CTA: 256 CTAs
+    (8, 8, 32768, 8 * 32768, (2048, 1)),    # 16 chunks x 8 sequences: one CTA per SM
+    (1, 8, 131072, None, (1008, 1)),        # 131 chunks
+    (32, 8, 16137, 258483, (1056, 1)),      # ragged (B32_ragged): about 2 CTAs per SM
+    (4, 8, 2048, None, (256, 1)),           # chunks of at least 256 tokens
+    (4, 8, 200, None, (200, 1)),            # short: never cut
+    (512, 8, 1024, None, (1024, 1)),        # many sequences: several CTAs per SM
 ])
-def test_default_chunk_len(batch, heads, max_len, want):
-    assert cuda_fp8.default_chunk_len(batch, heads, max_len, sms=132) == want
+def test_default_launch(batch, heads, max_len, total, want):
+    assert cuda_fp8.default_launch(batch, heads, max_len, sms=132, total_tokens=total) == want
 
 
 @needs_nvcc

@@ -1,8 +1,11 @@
-"""One B64_L4096 FP8 decode with the CUDA kernel, for Nsight Compute to profile:
+"""One B64_L4096 decode for Nsight Compute to profile: the CUDA FP8 kernel (``fp8 [stages]
+[chunk_len] [DEFINE=...]``) or, for comparison, the Triton kernel ``paged_attention`` runs on
+the bf16 cache (``bf16``). Three warm-up calls, then the profiled one:
 
-    ncu --kernel-name regex:fp8_decode --launch-skip 2 --launch-count 1 \\
+    ncu --kernel-name regex:fp8_decode --launch-skip 3 --launch-count 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        python3 tools/gpu/cuda_fp8_ncu.py [stages] [chunk_len]
+        python3 tools/gpu/cuda_fp8_ncu.py fp8 3 2048
+    ncu --kernel-name regex:paged_decode_kernel --launch-skip 3 --launch-count 1 ... bf16
 """
 
 import sys
@@ -11,11 +14,25 @@ import torch
 
 from paged_ref.course.bench import CASES, SHAPE
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.cuda_fp8 import paged_attention_cuda_fp8
 
-stages = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-chunk = int(sys.argv[2]) if len(sys.argv) > 2 else None
-inp = make_paged_inputs(CASES["B64_L4096"], device="cuda", seed=0, **SHAPE).quantized("fp8")
+mode = sys.argv[1] if len(sys.argv) > 1 else "fp8"
+inp = make_paged_inputs(CASES["B64_L4096"], device="cuda", seed=0, **SHAPE)
+if mode == "bf16":
+    from paged_ref import paged_attention
+
+    def run():
+        paged_attention(*inp.args())
+else:
+    from paged_ref.kernels.cuda_fp8 import paged_attention_cuda_fp8
+
+    stages = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    chunk = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    defines = tuple(sys.argv[4:])
+    inp = inp.quantized("fp8")
+
+    def run():
+        paged_attention_cuda_fp8(*inp.args(), stages=stages, chunk_len=chunk, max_len=4096,
+                                 defines=defines)
 for _ in range(4):
-    paged_attention_cuda_fp8(*inp.args(), stages=stages, chunk_len=chunk, max_len=4096)
+    run()
 torch.cuda.synchronize()

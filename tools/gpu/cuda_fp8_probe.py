@@ -2,7 +2,7 @@
 one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
 float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a sweep of
 tokens per CTA (``chunk_len``), ring stages and the .cu's tuning macros (environment variables
-``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,MIN_BLOCKS=4,WARPS=8+MIN_BLOCKS=2``).
+``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,WARPS_PER_HEAD=2+L2_PREFETCH=128``).
 Writes ``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
@@ -21,14 +21,14 @@ from paged_ref.course.bench_quant import float64_reference, our_runners
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
-from paged_ref.kernels.cuda_fp8 import paged_attention_cuda_fp8
+from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call, gbps, time_ms
+from paged_ref.kernels.cuda_fp8 import plan_cuda_fp8
 
 LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
 # The sweep: tokens per CTA (None: the default), ring stages, other macros of the .cu file.
 # fp8_token_head runs the first stages / defines only. ("none" in $CHUNKS is the default.)
-CHUNKS = [None if c == "none" else int(c)
-          for c in os.environ.get("CHUNKS", "none,1024,2048,4096").split(",")]
+CHUNKS = [None if c == "none" else c if c == "whole" else int(c)
+          for c in os.environ.get("CHUNKS", "none,1024,2048,whole").split(",")]
 STAGES = [int(s) for s in os.environ.get("STAGES", "3,4,6").split(",")]
 DEFINES = [tuple(d.split("+")) if d else () for d in os.environ.get("DEFINES", "").split(",")]
 
@@ -49,19 +49,22 @@ def main() -> None:
                        if backend != "cuda_fp8"}  # (the sweep's chunk=None row is that one)
             max_len = max(lens)
             for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
-                if (chunk is not None and chunk >= max_len) or (
+                if (isinstance(chunk, int) and chunk >= max_len) or (
                         fmt != "fp8" and (stages, defines) != (STAGES[0], DEFINES[0])):
                     continue
+                plan = plan_cuda_fp8(*args, chunk_len=max_len if chunk == "whole" else chunk,
+                                     max_len=max_len, total_tokens=sum(lens), stages=stages,
+                                     defines=defines)
                 runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
-                    lambda c=chunk, s=stages, d=defines, a=args, o=out, n=max_len:
-                    paged_attention_cuda_fp8(*a, out=o, chunk_len=c, max_len=n, stages=s,
-                                             defines=d))
+                    lambda p=plan, a=args, o=out: p.run(*a, out=o))
             for label, fn in runners.items():
                 err = relative_error(fn().float(), ref)
                 ms = time_ms(fn)
                 rate = gbps(nbytes, ms)
                 row = dict(case=name, kv_format=fmt, label=label, ms=ms, rel_err=err,
                            pct_copy_bw=100 * rate / copy_bw)
+                if label.startswith("cuda"):  # the Python cost of a planned call
+                    row["host_us"] = cpu_us_per_call(fn)
                 print(row, flush=True)
                 rows.append(row)
             del inp, ref
