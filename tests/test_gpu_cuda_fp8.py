@@ -1,7 +1,7 @@
-"""The hand-written CUDA FP8 decode kernel (paged_ref.kernels.cuda_fp8) on a GPU with FP8
-conversions and nvcc (skipped elsewhere): against the float64 answer for the de-quantised
-cache on ragged lengths, shuffled tables, garbage in unused table entries and NaN in unused
-slots, every head_dim / group / block size it takes, split into chunks and not."""
+"""The hand-written CUDA FP8 and INT4 decode kernels (paged_ref.kernels.cuda_fp8) on a GPU
+with FP8 conversions and nvcc (skipped elsewhere): against the float64 answer for the
+de-quantised cache on ragged lengths, shuffled tables, garbage in unused table entries and NaN
+in unused slots, every head_dim / group / block size they take, split into chunks and not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import torch
 
 from paged_ref.course.checks import assert_close
 from paged_ref.course.testing import make_paged_inputs, ragged_lengths
-from paged_ref.kernels.cuda_fp8 import cuda_fp8_available, paged_attention_cuda_fp8
+from paged_ref.kernels.cuda_fp8 import (
+    cuda_fp8_available,
+    paged_attention_cuda,
+    paged_attention_cuda_fp8,
+)
 
 pytestmark = pytest.mark.skipif(not cuda_fp8_available(), reason="needs an sm_89+ GPU and nvcc")
 
@@ -27,25 +31,25 @@ CASES = [
 
 @pytest.mark.parametrize("chunk_len", [None, 64, 320])
 @pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
 def test_cuda_fp8_matches_float64(fmt, case, chunk_len):
     lens, bs, d, hq, hkv, dtype = CASES[case]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
-    out = paged_attention_cuda_fp8(*inp.args(), chunk_len=chunk_len)
+    out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len)
     assert_close(out, inp.reference(), name=f"cuda {fmt} case {case} chunk {chunk_len}")
 
 
 @pytest.mark.parametrize("case", [0, 1, 3])
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
 def test_cuda_fp8_warps_sharing_a_head(fmt, case):
     """WARPS_PER_HEAD=2: two warps split each head's tiles and merge in shared memory."""
     lens, bs, d, hq, hkv, dtype = CASES[case]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
     for chunk_len in (None, 320):
-        out = paged_attention_cuda_fp8(*inp.args(), chunk_len=chunk_len,
-                                       defines=("WARPS_PER_HEAD=2",))
+        out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len,
+                                   defines=("WARPS_PER_HEAD=2",))
         assert_close(out, inp.reference(), name=f"2 warps a head, {fmt} case {case}")
 
 
@@ -71,29 +75,42 @@ def test_cuda_fp8_strided_q_and_out_and_scale():
     assert_close(out, inp.reference(scale=0.3), name="strided q/out, scale 0.3")
 
 
-@pytest.mark.parametrize("what", ["int4", "bf16", "float32 q", "block 12", "group 16"])
+@pytest.mark.parametrize("what", ["int4", "bf16", "float32 q", "block 12", "group 16",
+                                  "int4_g128"])
 def test_cuda_fp8_refuses_what_it_does_not_read(what):
     hq, bs = (64 if what == "group 16" else 32), (12 if what == "block 12" else 16)
     inp = make_paged_inputs([50], num_q_heads=hq, num_kv_heads=4, head_dim=128, block_size=bs,
                             dtype=torch.bfloat16, device="cuda")
     if what != "bf16":
-        inp = inp.quantized("int4" if what == "int4" else "fp8")
+        inp = inp.quantized(what if what.startswith("int4") else "fp8")
     q = inp.q.float() if what == "float32 q" else inp.q
-    with pytest.raises((TypeError, ValueError), match="CUDA FP8 kernel"):
-        paged_attention_cuda_fp8(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
+    run = paged_attention_cuda if what == "int4_g128" else paged_attention_cuda_fp8
+    with pytest.raises((TypeError, ValueError), match="CUDA (FP8|INT4) kernel"):
+        run(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
 
 
 # Planted mistakes: each mutant of the .cu source must fail the float64 check.
+FP8_RESCALE = ("a1 = __shfl_sync(FULL, alpha, 8 * t + 4);\n#pragma unroll\n"
+               "      for (int j = 0; j < OTILES")  # (fp8_decode's; int4_decode has halves)
 MUTANTS = {
     "no mask past the end": ("x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;",
                              "x[i] = c[i >> 1][i & 1] * sc;"),
     "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
                                   "prmt(vw[0][w], vw[1][w], 0x4150)"),
     "no rescale of O": ("o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;", ""),
-    "rescale only when every max grew": ("__any_sync(FULL, grew)", "__all_sync(FULL, grew)"),
-    "alphas of the wrong queries": ("__shfl_sync(FULL, alpha, 8 * t + 4)",
-                                    "__shfl_sync(FULL, alpha, 8 * t)"),
-    "table entries one batch late": ("entries = next_entries;", ""),
+    "rescale only when every max grew": (
+        "if (__any_sync(FULL, grew)) {\n      const float a0 = __shfl_sync(FULL, alpha, 8 * t), "
+        + FP8_RESCALE, "if (__all_sync(FULL, grew)) {\n      const float a0 = "
+        "__shfl_sync(FULL, alpha, 8 * t), " + FP8_RESCALE),
+    "alphas of the wrong queries": (
+        FP8_RESCALE, FP8_RESCALE.replace("alpha, 8 * t + 4", "alpha, 8 * t")),
+    "table entries one batch late": (
+        "      entries = next_entries;\n      next_entries = entry(i + 32 + lane);\n    }\n"
+        "    copy_tile<", "      next_entries = entry(i + 32 + lane);\n    }\n    copy_tile<"),
+    "int4: K's zeros ignored": ("kz.x * qsum[0] + kz.y * qsum[1];", "0.f;"),
+    "int4: V's zeros ignored": ("z += p[i] * (h ? vz.y : vz.x);", ""),
+    "int4: halves' scales swapped": ("mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);",
+                                     "mma_16816(o[1][2 * k + e], hi, pb[0][0], pb[0][1]);"),
     "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",
                              "for (int w = 0; w < 1; ++w) {\n      const float f"),
 }
@@ -111,7 +128,8 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_fp8, "SOURCE", source)
     # (1100 tokens in 256-token chunks: 69 tiles, past the second batch of table entries)
     inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
-                            dtype=torch.bfloat16, device="cuda", seed=11).quantized("fp8")
-    out = paged_attention_cuda_fp8(*inp.args(), chunk_len=1100 if "table" in mutant else None)
+                            dtype=torch.bfloat16, device="cuda", seed=11).quantized(
+                                "int4" if mutant.startswith("int4") else "fp8")
+    out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None)
     with pytest.raises(AssertionError):
         assert_close(out, inp.reference(), name=mutant)

@@ -73,24 +73,27 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
     runners = {backend: (backend, {"num_chunks": plan.num_chunks},
                          lambda: paged_attention_split(*args, plan=plan, out=out,
                                                        scratch=scratch))}
-    return runners | cuda_fp8_runners(inp, lengths, out)
+    return runners | cuda_runners(inp, lengths, out)
 
 
-def cuda_fp8_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
-    """The hand-written CUDA kernel (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache, with
-    its default chunking and stages, where this machine can build and run it: planned once
-    outside the timing, as the Triton runner's split is (the timed call is ``plan.run``)."""
-    from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, cuda_fp8_available, plan_cuda_fp8
+def cuda_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
+    """The hand-written CUDA kernels (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache or an
+    ``int4`` one (backend ``cuda_fp8`` / ``cuda_int4``), with their default launch shape,
+    where this machine can build and run them: planned once outside the timing, as the Triton
+    runner's split is (the timed call is ``plan.run``)."""
+    from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, cuda_fp8_available, plan_cuda
 
-    if not isinstance(inp.k_cache, QuantizedKV) or inp.k_cache.format.kind != "fp8" or (
+    fmt = getattr(inp.k_cache, "format", None)
+    if fmt is None or fmt.name not in ("fp8", "fp8_token_head", "int4") or (
             not cuda_fp8_available(inp.q.device)):
         return {}
     args = inp.args()
-    plan = plan_cuda_fp8(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)
+    plan = plan_cuda(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)
     info = {"stages": DEFAULT_STAGES, "chunk_len": plan.chunk_len,
             "heads_per_cta": plan.heads_per_cta,
             "warps_per_head": plan.threads // 32 // plan.heads_per_cta}
-    return {"cuda_fp8": ("cuda_fp8", info, lambda: plan.run(*args, out=out))}
+    backend = f"cuda_{fmt.kind}"
+    return {backend: (backend, info, lambda: plan.run(*args, out=out))}
 
 
 def flashinfer_runners(inp: PagedInputs) -> dict:
@@ -160,7 +163,8 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
 
 def family(row: dict) -> str:
     """Whose kernel a row timed: ``"ours"`` (Triton), ``"ours-CUDA"`` or ``"FlashInfer"``."""
-    return {"flashinfer": "FlashInfer", "cuda_fp8": "ours-CUDA"}.get(row["backend"], "ours")
+    return {"flashinfer": "FlashInfer", "cuda_fp8": "ours-CUDA",
+            "cuda_int4": "ours-CUDA"}.get(row["backend"], "ours")
 
 
 def mark_best(rows: list[dict]) -> list[dict]:

@@ -1,24 +1,26 @@
-"""A hand-written CUDA decode kernel for FP8 (e4m3) caches, next to the Triton ones.
+"""Hand-written CUDA decode kernels for FP8 (e4m3) and INT4 caches, next to the Triton ones.
 
-Why: lesson 10 measured the Triton FP8 kernel at about 2/3 of copy bandwidth, instruction-bound
-(its 8-bit V tile reaches the tensor cores through byte-wide shared-memory loads). The kernel in
-``cuda_fp8_decode.cu`` has each thread read only its own ``mma.sync`` fragments, 16 bytes at a
-time, from a per-warp ``cp.async`` ring (its header says how). This module compiles it with
-``nvcc`` on first use (cached under ``~/.cache/paged_ref``) and launches it through the CUDA
-driver API with :mod:`ctypes`: no C++ extension build, and a kernel launch is visibly what it
-is: a function in a loaded module, a grid, a block and an argument struct.
+Why: lesson 10 measured the Triton FP8 kernel at about 2/3 of copy bandwidth and the INT4 one
+at about a quarter, instruction-bound (8-bit and 4-bit tiles reach the tensor cores through
+byte-wide shared-memory loads). The kernels in ``cuda_fp8_decode.cu`` have each thread read
+only its own ``mma.sync`` fragments, 16 bytes at a time, from a per-warp ``cp.async`` ring
+(its header says how). This module compiles them with ``nvcc`` on first use (cached under
+``~/.cache/paged_ref``) and launches them through the CUDA driver API with :mod:`ctypes`: no
+C++ extension build, and a kernel launch is visibly what it is: a function in a loaded
+module, a grid, a block and an argument struct.
 
 Needs an NVIDIA GPU with FP8 conversions (compute capability 8.9+) and ``nvcc`` (``$CUDA_HOME``
 or on ``PATH``); :func:`cuda_fp8_available` says whether this machine has both.
 
-    out = paged_attention_cuda_fp8(q, k_fp8, v_fp8, block_tables, seq_lens)
-    plan = plan_cuda_fp8(q, k_fp8, v_fp8, block_tables, seq_lens, max_len=4096)  # or once,
-    out = plan.run(q, k_fp8, v_fp8, block_tables, seq_lens)                     # run many
+    out = paged_attention_cuda(q, k_q, v_q, block_tables, seq_lens)  # fp8 or int4 caches
+    plan = plan_cuda(q, k_q, v_q, block_tables, seq_lens, max_len=4096)   # or plan once,
+    out = plan.run(q, k_q, v_q, block_tables, seq_lens)                   # run many
 
 q: float16 / bfloat16 ``[batch, Hq, head_dim]`` (head_dim 64, 128 or 256; ``Hq / Hkv <= 8``);
-caches: :class:`~paged_ref.QuantizedKV` in ``fp8`` (per tensor) or ``fp8_token_head`` format,
-``[num_blocks, block_size, Hkv, head_dim]`` with a power-of-two block size. Inputs are checked
-with :func:`paged_ref.validation.check_shapes` and :func:`~paged_ref.validation.check_values`.
+caches: :class:`~paged_ref.QuantizedKV` in ``fp8`` (per tensor), ``fp8_token_head`` or
+``int4`` (a (scale, zero) pair per nibble half) format, ``[num_blocks, block_size, Hkv,
+head_dim]`` with a power-of-two block size. Inputs are checked with
+:func:`paged_ref.validation.check_shapes` and :func:`~paged_ref.validation.check_values`.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class _Args(ctypes.Structure):
 
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "q", "k", "v", "k_scale", "v_scale", "block_tables", "seq_lens", "out", "part_o",
-        "part_lse")] + [(n, ctypes.c_longlong) for n in (
+        "part_lse", "k_zero", "v_zero")] + [(n, ctypes.c_longlong) for n in (
             "q_sb", "q_sh", "o_sb", "o_sh", "c_sb", "c_st", "c_sh", "s_sb", "s_st", "s_sh",
             "table_sb")] + [(n, ctypes.c_int) for n in (
                 "block_shift", "group", "chunk_len", "max_chunks", "max_len",
@@ -76,9 +78,12 @@ def cuda_fp8_available(device: torch.device | str | None = None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def shared_bytes(head_dim: int, stages: int, warps: int) -> int:
+def shared_bytes(head_dim: int, stages: int, warps: int, kind: str = "fp8") -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: K and
-    V rows of ``head_dim + 16`` bytes, and 2 x 16 float32 scales)."""
+    V rows of ``head_dim + 16`` bytes and 2 x 16 float32 scales; ``Int4Stage``: rows of
+    ``head_dim / 2 + 16`` bytes and 4 x 16 (scale, zero) pairs)."""
+    if kind == "int4":
+        return warps * stages * (2 * TILE * (head_dim // 2 + 16) + 4 * TILE * 4)
     return warps * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
 
 
@@ -208,38 +213,50 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     return min(max(chunk, 256), max_len), 1
 
 
-def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
-    """Raise a clear error for what this kernel does not read; the kernel-name suffix."""
+def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> str:
+    """Raise a clear error for what the ``kind`` (``"fp8"`` or ``"int4"``) kernel does not
+    read; its kernel name without the dtype and head_dim (``"fp8_decode_{}_token"``)."""
+    what = f"the CUDA {kind.upper()} kernel"
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(c, QuantizedKV) or c.format.kind != "fp8":
-            raise TypeError(f"the CUDA FP8 kernel reads fp8 QuantizedKV caches; {name} is "
+        if not isinstance(c, QuantizedKV) or c.format.kind != kind:
+            raise TypeError(f"{what} reads {kind} QuantizedKV caches; {name} is "
                             f"{getattr(getattr(c, 'format', None), 'name', type(c).__name__)}")
     if k_cache.format != v_cache.format:
         raise TypeError(f"k_cache is {k_cache.format.name}, v_cache {v_cache.format.name}")
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"the CUDA FP8 kernel takes float16 / bfloat16 q, got {q.dtype}")
+        raise TypeError(f"{what} takes float16 / bfloat16 q, got {q.dtype}")
     if not q.is_cuda:
-        raise ValueError("the CUDA FP8 kernel runs on a CUDA GPU; q is on the CPU")
+        raise ValueError(f"{what} runs on a CUDA GPU; q is on the CPU")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"the CUDA FP8 kernel takes head_dim in {HEAD_DIMS}, got {head_dim}")
+        raise ValueError(f"{what} takes head_dim in {HEAD_DIMS}, got {head_dim}")
+    if kind == "int4" and k_cache.format.group(head_dim) != head_dim // 2:
+        raise ValueError(f"{what} reads a (scale, zero) pair per nibble half (format 'int4'); "
+                         f"got {k_cache.format.name} (use the Triton kernel for it)")
     if block_size & (block_size - 1):
-        raise ValueError(f"the CUDA FP8 kernel needs a power-of-two block_size, got {block_size}")
+        raise ValueError(f"{what} needs a power-of-two block_size, got {block_size}")
     if q.shape[1] // num_kv_heads > MAX_GROUP:
-        raise ValueError(f"the CUDA FP8 kernel takes up to {MAX_GROUP} query heads per KV "
-                         f"head, got {q.shape[1] // num_kv_heads}")
+        raise ValueError(f"{what} takes up to {MAX_GROUP} query heads per KV head, got "
+                         f"{q.shape[1] // num_kv_heads}")
     if not 2 <= stages <= 8:
         raise ValueError(f"stages must be 2..8, got {stages}")
     if q.stride(-1) != 1:
-        raise ValueError("q's head_dim must be contiguous (stride 1) for the CUDA FP8 kernel")
-    return "_token" if k_cache.format.scale_per == "token_head" else ""
+        raise ValueError(f"q's head_dim must be contiguous (stride 1) for {what}")
+    if kind == "int4":
+        return "int4_decode_{}"
+    return "fp8_decode_{}" + ("_token" if k_cache.format.scale_per == "token_head" else "")
+
+
+def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
+    """:func:`check_cuda_inputs` for the FP8 kernel."""
+    return check_cuda_inputs(q, k_cache, v_cache, "fp8", stages)
 
 
 @dataclass(frozen=True)
-class CudaFP8Plan:
-    """A prepared launch of the CUDA FP8 kernel, as :func:`paged_ref.plan_decode` is for the
+class CudaDecodePlan:
+    """A prepared launch of the CUDA FP8 or INT4 kernel, as :func:`paged_ref.plan_decode` is for the
     Triton ones: the checks, the kernels, the chunking and the scratch buffers are settled
-    once by :func:`plan_cuda_fp8`; :meth:`run` fills in the tensors' addresses and launches
+    once by :func:`plan_cuda`; :meth:`run` fills in the tensors' addresses and launches
     (no tensor value read, nothing allocated but the output). Lengths up to ``max_len`` are
     covered; the kernel clamps longer ones to it (cut short, never read past the table)."""
 
@@ -288,16 +305,25 @@ class CudaFP8Plan:
         if block_tables.stride(1) != 1:  # (the kernel steps through both by 1)
             block_tables = block_tables.contiguous()
         seq_lens = seq_lens.contiguous()
-        ks, vs = k_cache.scale, v_cache.scale
-        s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() == 3 else (0, 0, 0)
+        ks, vs, kz, vz = k_cache.scale, v_cache.scale, k_cache.zero, v_cache.zero
+        if kz is not None:  # int4: (scale, zero) pairs read 4 bytes at a time, at K's offsets
+            pairs = (ks, kz, vs, vz)
+            if any(t.stride() != ks.stride() or t.stride(-1) != 1 or t.data_ptr() % 4
+                   or any(x % 2 for x in t.stride()[:3]) for t in pairs):
+                ks, kz, vs, vz = (t.contiguous() for t in pairs)
+        elif vs.stride() != ks.stride():
+            ks, vs = ks.contiguous(), vs.contiguous()
+        s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() >= 3 else (0, 0, 0)
         part_o = out if self.part_o is None else self.part_o
         part_lse = out if self.part_lse is None else self.part_lse
         args = _Args(
             q.data_ptr(), data.data_ptr(), v_data.data_ptr(), ks.data_ptr(), vs.data_ptr(),
             block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), part_o.data_ptr(),
-            part_lse.data_ptr(), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            data.stride(0), data.stride(1), data.stride(2), *s_strides, block_tables.stride(0),
-            int(math.log2(self.cache_shape[1])), self.q_shape[1] // self.cache_shape[2],
+            part_lse.data_ptr(), kz.data_ptr() if kz is not None else None,
+            vz.data_ptr() if vz is not None else None, q.stride(0), q.stride(1),
+            out.stride(0), out.stride(1), data.stride(0), data.stride(1), data.stride(2),
+            *s_strides, block_tables.stride(0), int(math.log2(self.cache_shape[1])),
+            self.q_shape[1] // self.cache_shape[2],
             self.chunk_len, self.max_chunks, self.max_len, self.heads_per_cta,
             self.qk_scale_log2)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -310,13 +336,14 @@ class CudaFP8Plan:
         return target
 
 
-def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_len=None,
+def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_len=None,
                   max_len=None, total_tokens=None, stages=DEFAULT_STAGES,
-                  defines=()) -> CudaFP8Plan:
-    """Check the inputs (:func:`paged_ref.validation.check_shapes`, and
+                  defines=()) -> CudaDecodePlan:
+    """For ``fp8`` / ``fp8_token_head`` caches, and ``int4`` ones (a (scale, zero) pair per
+    nibble half): check the inputs (:func:`paged_ref.validation.check_shapes`, and
     :func:`~paged_ref.validation.check_values` unless ``max_len`` is given: one read-back),
     compile or load the kernels, choose the chunking and allocate the scratch: a
-    :class:`CudaFP8Plan` to :meth:`~CudaFP8Plan.run` on these tensors or others like them.
+    :class:`CudaDecodePlan` to :meth:`~CudaDecodePlan.run` on these tensors or others like them.
 
     ``chunk_len`` (tokens per CTA and KV head) and the warps per head (the ``WARPS_PER_HEAD``
     define) default to :func:`default_launch` of ``max_len`` and ``total_tokens`` (the sum of
@@ -325,7 +352,8 @@ def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ch
     from paged_ref.validation import check_shapes, check_values
 
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    suffix = check_fp8_inputs(q, k_cache, v_cache, stages)
+    kind = getattr(getattr(k_cache, "format", None), "kind", "fp8")
+    kernel = check_cuda_inputs(q, k_cache, v_cache, kind if kind == "int4" else "fp8", stages)
     if max_len is None:
         lengths = check_values(block_tables, seq_lens, shapes)
         max_len, total_tokens = lengths.max_len, lengths.total_tokens
@@ -351,7 +379,7 @@ def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ch
                              device=q.device)
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
                                device=q.device)
-    ring = shared_bytes(head_dim, stages, warps_per_head)  # per head of a CTA
+    ring = shared_bytes(head_dim, stages, warps_per_head, kind)  # per head of a CTA
     if ring > _shared_limit(device):
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
                          f"memory per head; this GPU allows {_shared_limit(device)}: use fewer")
@@ -359,10 +387,10 @@ def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ch
                           min(MAX_WARPS, _shared_limit(device) // ring * warps_per_head))
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
-    return CudaFP8Plan(
+    return CudaDecodePlan(
         q_shape=tuple(q.shape), q_dtype=q.dtype, cache_shape=tuple(k_cache.shape),
         kv_format=k_cache.format, device_index=device,
-        decode=_function(device, f"fp8_decode_{name}{suffix}", stages, defines, SOURCE),
+        decode=_function(device, kernel.format(name), stages, defines, SOURCE),
         merge=(_function(device, f"fp8_merge_{name}", stages, defines, SOURCE)
                if max_chunks > 1 else None),
         grid=(num_kv_heads // heads, max_chunks, batch), threads=32 * heads * warps_per_head,
@@ -371,11 +399,11 @@ def plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ch
         qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse)
 
 
-def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
-                             out=None, chunk_len=None, max_len=None, total_tokens=None,
-                             stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
-    """Decode attention over FP8 caches with the CUDA kernel (see the module docstring): a
-    :func:`plan_cuda_fp8` and one :meth:`~CudaFP8Plan.run`.
+def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
+                         out=None, chunk_len=None, max_len=None, total_tokens=None,
+                         stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
+    """Decode attention over FP8 or INT4 caches with the CUDA kernels (see the module
+    docstring): a :func:`plan_cuda` and one :meth:`~CudaDecodePlan.run`.
 
     ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
     macros of the .cu file, for experiments (``("WARPS_PER_HEAD=2", "L2_PREFETCH=128")``).
@@ -389,12 +417,19 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, *, sca
     if out is not None:
         check_out(out, q)
         if out.stride(-1) != 1:
-            raise ValueError("out's head_dim must be contiguous (stride 1) for the CUDA FP8 kernel")
-    plan = plan_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-                         chunk_len=chunk_len, max_len=max_len, total_tokens=total_tokens,
-                         stages=stages, defines=defines)
+            raise ValueError("out's head_dim must be contiguous (stride 1) for the CUDA kernels")
+    plan = plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                     chunk_len=chunk_len, max_len=max_len, total_tokens=total_tokens,
+                     stages=stages, defines=defines)
     return plan.run(q, k_cache, v_cache, block_tables, seq_lens, out)
 
 
-__all__ = ["CudaFP8Plan", "check_fp8_inputs", "compile_cubin", "cuda_fp8_available",
-           "default_launch", "heads_per_cta", "paged_attention_cuda_fp8", "plan_cuda_fp8"]
+def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, **kwargs):
+    """:func:`paged_attention_cuda` for FP8 caches only (anything else: a TypeError)."""
+    check_fp8_inputs(q, k_cache, v_cache, kwargs.get("stages", DEFAULT_STAGES))
+    return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, **kwargs)
+
+
+__all__ = ["CudaDecodePlan", "check_cuda_inputs", "check_fp8_inputs", "compile_cubin",
+           "cuda_fp8_available", "default_launch", "heads_per_cta", "paged_attention_cuda",
+           "paged_attention_cuda_fp8", "plan_cuda"]

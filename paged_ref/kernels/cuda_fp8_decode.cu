@@ -129,6 +129,8 @@ struct Args {
   void* out;                  // [B, Hq, D], q's dtype (one chunk)
   float* part_o;              // [B, Hq, max_chunks, D] float32 (several chunks)
   float* part_lse;            // [B, Hq, max_chunks]: log2 of the chunk's sum of exp2
+  const void* k_zero;         // int4: float16 [num_blocks, block_size, Hkv, 2] (k_scale too)
+  const void* v_zero;
   long long q_sb, q_sh;       // strides (elements)
   long long o_sb, o_sh;
   long long c_sb, c_st, c_sh; // cache strides (elements = bytes)
@@ -193,16 +195,19 @@ __device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uin
 
 template <int NWORDS>
 __device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_t* src) {
-  // NWORDS 32-bit words of shared memory (16-byte aligned; 8 when NWORDS == 2)
+  // NWORDS 32-bit words of shared memory (16-byte aligned; 8 when NWORDS == 2, 4 when 1)
   if constexpr (NWORDS % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < NWORDS; i += 4) {
       const uint4 w = reinterpret_cast<const uint4*>(src)[i / 4];
       dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
     }
-  } else {
+  } else if constexpr (NWORDS == 2) {
     const uint2 w = *reinterpret_cast<const uint2*>(src);
     dst[0] = w.x; dst[1] = w.y;
+  } else {
+    static_assert(NWORDS == 1, "1, 2 or a multiple of 4 words");
+    dst[0] = *reinterpret_cast<const uint32_t*>(src);
   }
 }
 
@@ -214,6 +219,86 @@ __device__ __forceinline__ void store4(T* dst, float x0, float x1, float x2, flo
   } else {
     T v[4] = {T(x0), T(x1), T(x2), T(x3)};  // (__half / __nv_bfloat16 from float: nearest)
     *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  }
+}
+
+// The end of a warp's chunk, for both formats: this thread's unnormalised outputs ov[u][.]
+// for queries 2t + u (groups of 4 channels from base[n]), their running max mq[u] (log2
+// units) and sum lq[u] -> q's dtype in `out` (one chunk) or a float32 partial and its
+// log2-sum-exp (several); out_scale multiplies every value. With WARPS_PER_HEAD > 1 the
+// warps of a head first merge through shared memory (the ring's, after a __syncthreads).
+template <typename T, int D>
+__device__ __forceinline__ void finish_head(const Args& a, uint8_t* smem, const float (&ov)[2][D / 8],
+                                            const int (&base)[D / 32], const float (&mq)[2],
+                                            const float (&lq)[2], float out_scale, int kv_head,
+                                            int start, int end, int n_chunks) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int chunk = blockIdx.y, b = blockIdx.z;
+  const bool split = n_chunks > 1;
+  const int num_q_heads = gridDim.x * a.heads_per_cta * a.group;
+  if constexpr (WARPS_PER_HEAD == 1) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int q = 2 * t + u;
+      if (q >= a.group) continue;
+      const int qh = kv_head * a.group + q;
+      const float f = end > start ? out_scale / lq[u] : 0.f;
+      const long long r = ((long long)b * num_q_heads + qh) * a.max_chunks + chunk;
+#pragma unroll
+      for (int n = 0; n < D / 32; ++n) {
+        const float x0 = ov[u][4 * n] * f, x1 = ov[u][4 * n + 1] * f;
+        const float x2 = ov[u][4 * n + 2] * f, x3 = ov[u][4 * n + 3] * f;
+        if (!split)
+          store4(reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + base[n],
+                 x0, x1, x2, x3);
+        else
+          store4(a.part_o + r * D + base[n], x0, x1, x2, x3);
+      }
+      if (split && g == 0) a.part_lse[r] = mq[u] + __log2f(lq[u]);
+    }
+  } else {
+    // The WARPS_PER_HEAD warps of each head: (m, l, O) -> one, in the ring's memory.
+    __syncthreads();
+    constexpr int ROWF = D + 4;  // a query's D values, then its max and sum (16-byte rows)
+    float* mine = reinterpret_cast<float*>(smem) + warp * MAX_GROUP * ROWF;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int q = 2 * t + u;
+      if (q >= a.group) continue;
+      float* row = mine + q * ROWF;
+      if (g == 0) { row[D] = mq[u]; row[D + 1] = lq[u]; }
+#pragma unroll
+      for (int n = 0; n < D / 32; ++n)
+        store4(row + base[n], ov[u][4 * n], ov[u][4 * n + 1], ov[u][4 * n + 2], ov[u][4 * n + 3]);
+    }
+    __syncthreads();
+    const int heads = a.heads_per_cta;
+    for (int idx = threadIdx.x; idx < heads * a.group * D; idx += blockDim.x) {
+      const int h = idx / (a.group * D), q = idx / D % a.group, ch = idx % D;
+      float mm = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
+        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
+        mm = fmaxf(mm, row[D]);
+      }
+      float den = 0.f, num = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
+        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
+        const float f = row[D] == -INFINITY ? 0.f : fast_exp2(row[D] - mm);
+        den += f * row[D + 1];
+        num += f * row[ch];
+      }
+      const int qh = (blockIdx.x * heads + h) * a.group + q;
+      const float val = end > start ? num / den * out_scale : 0.f;
+      if (!split) {
+        reinterpret_cast<T*>(a.out)[b * a.o_sb + (long long)qh * a.o_sh + ch] = T(val);
+      } else {
+        const long long r = ((long long)b * num_q_heads + qh) * a.max_chunks + chunk;
+        a.part_o[r * D + ch] = val;
+        if (ch == 0) a.part_lse[r] = mm + __log2f(den);
+      }
+    }
   }
 }
 
@@ -378,79 +463,298 @@ __device__ void fp8_decode(const Args& a) {
     mq[u] = __shfl_sync(FULL, m, 4 * (2 * t + u));
     lq[u] = __shfl_sync(FULL, l, 4 * (2 * t + u));
   }
+  // This thread's outputs: queries 2t + u, channels chan + 4w + (0..3) are o[2w][u],
+  // o[2w][2 + u], o[2w + 1][u], o[2w + 1][2 + u].
+  float ov[2][D / 8];
+  int base[D / 32];
+#pragma unroll
+  for (int w = 0; w < VWORDS; ++w) {
+    base[w] = g * (D / 8) + 4 * w;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      ov[u][4 * w] = o[2 * w][u];
+      ov[u][4 * w + 1] = o[2 * w][2 + u];
+      ov[u][4 * w + 2] = o[2 * w + 1][u];
+      ov[u][4 * w + 3] = o[2 * w + 1][2 + u];
+    }
+  }
   const float v_scale = TOKEN_SCALE ? 1.f : __ldg(a.v_scale);
-  const int chan = g * (D / 8);  // this thread's first channel; channels chan + 4w + (0..3)
-  const bool split = n_chunks > 1;
+  finish_head<T, D>(a, smem, ov, base, mq, lq, v_scale, kv_head, start, end, n_chunks);
+}
 
-  if constexpr (WARPS_PER_HEAD == 1) {
-    // Normalise and write straight from the registers: query 2t + u, channels chan + 4w + i
-    // are o[2w][u], o[2w][2 + u], o[2w + 1][u], o[2w + 1][2 + u].
+// ---------------------------------------------------------------------------------------
+// INT4 caches (paged_ref's "int4" format: two codes a byte, byte i holding channel i in its
+// low nibble and channel i + D/2 in its high nibble; a float16 (scale, zero) per token-head
+// for each of the two halves: x = zero + scale * code). The warps, the ring, the table
+// look-ahead and the softmax are fp8_decode's; what changes is how codes become operands:
+// * a nibble n, alone in the low bits of a 16-bit half, *is* a float16: the subnormal
+//   n * 2^-24, exactly (and in bits 4..7, 16 n * 2^-24); the tensor cores multiply subnormals
+//   exactly, so one and (x & 0x000f000f, or 0x00f000f0 for the high nibbles) makes two
+//   operands, and the 2^24 (2^20) comes out once, with the scales. (The usual trick, or-ing n
+//   into 1024.0's mantissa, leaves 1024 + n, and taking 1024 * sum(p) back out of a float32
+//   sum over thousands of tokens loses the digits a small average needs.)
+// * every MMA's 16 channels lie in one half, so one (scale, zero) per token applies:
+//   S_t = sum_h scale_h(t) * (q_h . codes_h(t)) + zero_h(t) * sum(q_h), two accumulators;
+//   O = sum_t (p_t scale_h(t)) codes_h(t) + sum_t p_t zero_h(t), p_t scale_h(t) as the B operand.
+
+template <int D>
+struct Int4Stage {
+  static constexpr int ROW = D / 2 + 16;  // padded: V's fragment reads hit 32 banks
+  uint8_t k[TILE * ROW];
+  uint8_t v[TILE * ROW];
+  uint32_t ks[TILE], kz[TILE], vs[TILE], vz[TILE];  // float16 pairs: (low half, high half)
+};
+
+// As copy_tile, for D / 2 bytes a row and the four (scale, zero) pairs of each token.
+template <int D>
+__device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const Args& a,
+                                               const uint8_t* k_head, long long v_minus_k,
+                                               const int* table, int head, int t0, int end,
+                                               int lane, int blk) {
+  constexpr int PIECES = D / 32, ROWS_PER_STEP = 32 / PIECES, ROW = Int4Stage<D>::ROW;
+  const int piece = lane % PIECES, row0 = lane / PIECES;
+  const int mask = (1 << a.block_shift) - 1;
+  const bool one_block = a.block_shift >= 4;
+  const uint8_t* src = k_head + (long long)blk * a.c_sb + ((t0 & mask) + row0) * a.c_st + piece * 16;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int q = 2 * t + u;
-      if (q >= a.group) continue;
-      const int qh = kv_head * a.group + q;
-      const float f = end > start ? v_scale / lq[u] : 0.f;
-      const long long r = ((long long)b * gridDim.x * a.heads_per_cta * a.group + qh) *
-                          a.max_chunks + chunk;
-#pragma unroll
-      for (int w = 0; w < VWORDS; ++w) {
-        const float x0 = o[2 * w][u] * f, x1 = o[2 * w][2 + u] * f;
-        const float x2 = o[2 * w + 1][u] * f, x3 = o[2 * w + 1][2 + u] * f;
-        if (!split)
-          store4(reinterpret_cast<T*>(a.out) + b * a.o_sb + (long long)qh * a.o_sh + chan + 4 * w,
-                 x0, x1, x2, x3);
-        else
-          store4(a.part_o + r * D + chan + 4 * w, x0, x1, x2, x3);
-      }
-      if (split && g == 0) a.part_lse[r] = mq[u] + __log2f(lq[u]);
+  for (int i = 0; i < TILE / ROWS_PER_STEP; ++i) {
+    const int row = row0 + i * ROWS_PER_STEP, tok = t0 + row;
+    const bool ok = tok < end;
+    const uint8_t* k_src = src + i * ROWS_PER_STEP * a.c_st;
+    if (!one_block) {
+      const long long b = ok ? table[tok >> a.block_shift] : 0;
+      k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
     }
+    cp_async_16(st.k + row * ROW + piece * 16, k_src, ok);
+    cp_async_16(st.v + row * ROW + piece * 16, k_src + v_minus_k, ok);
+  }
+  const int row = lane % TILE, tok = t0 + row;
+  const bool ok = tok < end;
+  const long long b = one_block ? blk : ok ? table[tok >> a.block_shift] : 0;
+  const long long s = b * a.s_sb + (tok & mask) * a.s_st + head * a.s_sh;  // float16s
+  if (lane < TILE) {
+    cp_async_4(st.ks + row, reinterpret_cast<const __half*>(a.k_scale) + s, ok);
+    cp_async_4(st.kz + row, reinterpret_cast<const __half*>(a.k_zero) + s, ok);
   } else {
-    // The WARPS_PER_HEAD warps of each head: (m, l, O) -> one, in the ring's memory.
-    __syncthreads();
-    constexpr int ROWF = D + 4;  // a query's D values, then its max and sum (16-byte rows)
-    float* mine = reinterpret_cast<float*>(smem) + warp * MAX_GROUP * ROWF;
+    cp_async_4(st.vs + row, reinterpret_cast<const __half*>(a.v_scale) + s, ok);
+    cp_async_4(st.vz + row, reinterpret_cast<const __half*>(a.v_zero) + s, ok);
+  }
+}
+
+// The low nibbles of x's two bytes 0 and 2 -> float16x2 (n0, n1) * 2^-24 (subnormals), and
+// their high nibbles -> (n0, n1) * 2^-20.
+__device__ __forceinline__ uint32_t low_nibbles(uint32_t x) { return x & 0x000f000fu; }
+__device__ __forceinline__ uint32_t high_nibbles(uint32_t x) { return x & 0x00f000f0u; }
+#define LOW_UNIT 16777216.f  // 2^24: a low nibble's float16 is its code / LOW_UNIT
+#define HIGH_UNIT 1048576.f  // 2^20: a high nibble's
+
+__device__ __forceinline__ float2 f16x2_to_float2(uint32_t x) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+
+template <typename T, int D>
+__device__ void int4_decode(const Args& a) {
+  constexpr int KW = D / 32;  // words of K a thread reads per token row (D/8 bytes)
+  constexpr int VW = D / 64;  // words of V a thread reads per token row (D/16 bytes)
+  constexpr int OT = D / 32;  // m-tiles of O^T per half (16 channels each)
+  constexpr int ROW = Int4Stage<D>::ROW;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int part = warp / a.heads_per_cta;
+  const int kv_head = blockIdx.x * a.heads_per_cta + warp % a.heads_per_cta;
+  const int chunk = blockIdx.y, b = blockIdx.z;
+  const int seq_len = min(a.seq_lens[b], a.max_len);
+  const int start = chunk * a.chunk_len;
+  const int end = min(seq_len, start + a.chunk_len);
+  const int n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
+  if (chunk > 0 && chunk >= n_chunks) return;
+  const int* table = a.block_tables + b * a.table_sb;
+  const uint8_t* k_head = a.k + kv_head * a.c_sh;
+  const long long v_minus_k = a.v - a.k;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
+
+  // Q as A fragments. K-step (h, w), h = 0 for the low nibbles (channels < D/2), 1 for the
+  // high: slots (2t, 2t+1) <-> channels c, c+2 and (2t+8, 2t+9) <-> c+1, c+3, with
+  // c = h * D/2 + t * D/8 + 4w (the order a word's nibbles unpack in). qsum: sum of query g's
+  // float16 q over each half (this thread's channels, then the 4 threads of the row).
+  uint32_t qa[2][KW][4];
+  float qsum[2] = {0.f, 0.f};
+  {
+    const T* qrow = reinterpret_cast<const T*>(a.q) + b * a.q_sb +
+                    (long long)(kv_head * a.group + g) * a.q_sh + t * (D / 8);
+    const bool real = g < a.group;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int q = 2 * t + u;
-      if (q >= a.group) continue;
-      float* row = mine + q * ROWF;
-      if (g == 0) { row[D] = mq[u]; row[D + 1] = lq[u]; }
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int w = 0; w < VWORDS; ++w)
-        store4(row + chan + 4 * w, o[2 * w][u], o[2 * w][2 + u], o[2 * w + 1][u],
-               o[2 * w + 1][2 + u]);
+      for (int w = 0; w < KW; ++w) {
+        float x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          x[i] = real ? static_cast<float>(qrow[h * (D / 2) + 4 * w + i]) : 0.f;
+        qa[h][w][0] = pack_f16x2(x[0], x[2]);
+        qa[h][w][1] = 0;
+        qa[h][w][2] = pack_f16x2(x[1], x[3]);
+        qa[h][w][3] = 0;
+        const float2 s0 = f16x2_to_float2(qa[h][w][0]), s1 = f16x2_to_float2(qa[h][w][2]);
+        qsum[h] += (s0.x + s0.y) + (s1.x + s1.y);
+      }
+      qsum[h] += __shfl_xor_sync(FULL, qsum[h], 1);
+      qsum[h] += __shfl_xor_sync(FULL, qsum[h], 2);
     }
-    __syncthreads();
-    const int heads = a.heads_per_cta;
-    for (int idx = threadIdx.x; idx < heads * a.group * D; idx += blockDim.x) {
-      const int h = idx / (a.group * D), q = idx / D % a.group, ch = idx % D;
-      float mm = -INFINITY;
+  }
+  // O^T accumulators per half h, m-tile j: thread (g, t) holds queries 2t, 2t+1 of the
+  // channels h * D/2 + g * D/16 + 2j (o[h][j][0..1]) and the next one (o[h][j][2..3]); they
+  // hold sum_t p_t scale_h(t) code / 2^24 (2^20 for h = 1), and zs sum_t p_t zero_h(t).
+  float o[2][OT][4];
 #pragma unroll
-      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
-        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
-        mm = fmaxf(mm, row[D]);
-      }
-      float den = 0.f, num = 0.f;
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int w = 0; w < WARPS_PER_HEAD; ++w) {
-        const float* row = reinterpret_cast<float*>(smem) + ((w * heads + h) * MAX_GROUP + q) * ROWF;
-        const float f = row[D] == -INFINITY ? 0.f : fast_exp2(row[D] - mm);
-        den += f * row[D + 1];
-        num += f * row[ch];
+    for (int j = 0; j < OT; ++j) o[h][j][0] = o[h][j][1] = o[h][j][2] = o[h][j][3] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  float zs[2] = {0.f, 0.f};  // sum_t p_t zero_h(t) (query g, this thread's tokens)
+
+  const int first = start + part * TILE, step = WARPS_PER_HEAD * TILE;
+  const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
+  auto entry = [&](int i) {
+    return a.block_shift >= 4 && i < n_tiles ? table[(first + i * step) >> a.block_shift] : 0;
+  };
+  int entries = entry(lane), next_entries = entry(32 + lane);
+  auto copy = [&](int i) {
+    if (i % 32 == 0 && i > 0) {
+      entries = next_entries;
+      next_entries = entry(i + 32 + lane);
+    }
+    copy_int4_tile<D>(ring[i % STAGES], a, k_head, v_minus_k, table, kv_head, first + i * step,
+                      end, lane, __shfl_sync(FULL, entries, i % 32));
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n_tiles) copy(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < n_tiles; ++i) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();
+    if (i + STAGES - 1 < n_tiles) copy(i + STAGES - 1);
+    cp_async_commit();
+    const Int4Stage<D>& st = ring[i % STAGES];
+    const int t0 = first + i * step;
+    uint32_t kw[2][KW], vw[4][VW];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * ROW + t * (D / 8));
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16));
+
+    // S: per half, Q . codes / 2^24 (2^20) for tokens t0 + 8 j + (2t, 2t+1)
+    float c[2][2][4] = {};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const uint32_t x = kw[j][w], y = x >> 8;  // bytes 0, 2 | bytes 1, 3
+        mma_16816(c[0][j], qa[0][w], low_nibbles(x), low_nibbles(y));
+        mma_16816(c[1][j], qa[1][w], high_nibbles(x), high_nibbles(y));
       }
-      const int qh = (blockIdx.x * heads + h) * a.group + q;
-      const float val = end > start ? num / den * v_scale : 0.f;
-      if (!split) {
-        reinterpret_cast<T*>(a.out)[b * a.o_sb + (long long)qh * a.o_sh + ch] = T(val);
-      } else {
-        const long long r = ((long long)b * gridDim.x * heads * a.group + qh) * a.max_chunks + chunk;
-        a.part_o[r * D + ch] = val;
-        if (ch == 0) a.part_lse[r] = mm + __log2f(den);
+    }
+    float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
+      const float2 ks = f16x2_to_float2(st.ks[tk]), kz = f16x2_to_float2(st.kz[tk]);
+      const float s = LOW_UNIT * ks.x * c[0][i >> 1][i & 1] + HIGH_UNIT * ks.y * c[1][i >> 1][i & 1]
+                      + kz.x * qsum[0] + kz.y * qsum[1];
+      x[i] = t0 + tk < end ? s * a.qk_scale_log2 : -INFINITY;
+    }
+    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const bool grew = m_new > m;
+    const float alpha = fast_exp2(m - m_new);
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
+    l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
+    m = m_new;
+    // P'^T per half: p_t scale_h(t) in float16 (B operand: k-slot i <-> token t0 + i)
+    uint32_t pb[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float pv[4], z = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
+        const float2 vs = f16x2_to_float2(st.vs[tk]), vz = f16x2_to_float2(st.vz[tk]);
+        pv[i] = p[i] * (h ? vs.y : vs.x);
+        z += p[i] * (h ? vz.y : vz.x);
+      }
+      pb[h][0] = pack_f16x2(pv[0], pv[1]);
+      pb[h][1] = pack_f16x2(pv[2], pv[3]);
+      zs[h] = zs[h] * alpha + z;
+    }
+    if (__any_sync(FULL, grew)) {
+      const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < OT; ++j) {
+          o[h][j][0] *= a0; o[h][j][1] *= a1; o[h][j][2] *= a0; o[h][j][3] *= a1;
+        }
+    }
+    // O^T += V^T P'^T: word k of a token row holds bytes 4k..4k+3 of this thread's D/16;
+    // prmt pairs tokens (2t, 2t+1) and (2t+8, 2t+9) byte by byte (bytes 0, 1 | 2, 3), and the
+    // nibble of each byte pair lands in the two halves of one float16x2.
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t sel = e ? 0x7632 : 0x5410;
+        const uint32_t r01 = prmt(vw[0][k], vw[1][k], sel), r23 = prmt(vw[2][k], vw[3][k], sel);
+        const uint32_t s01 = r01 >> 8, s23 = r23 >> 8;  // the second byte of each pair
+        const uint32_t lo[4] = {low_nibbles(r01), low_nibbles(s01), low_nibbles(r23),
+                                low_nibbles(s23)};
+        mma_16816(o[0][2 * k + e], lo, pb[0][0], pb[0][1]);
+        const uint32_t hi[4] = {high_nibbles(r01), high_nibbles(s01), high_nibbles(r23),
+                                high_nibbles(s23)};
+        mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);
       }
     }
   }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int d = 1; d <= 2; d *= 2) {
+    l += __shfl_xor_sync(FULL, l, d);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) zs[h] += __shfl_xor_sync(FULL, zs[h], d);
+  }
+  // Queries 2t + u: their max, sum and corrections live in lane 4 (2t + u).
+  float mq[2], lq[2], ov[2][D / 8];
+  int base[D / 32];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int src = 4 * (2 * t + u);
+    mq[u] = __shfl_sync(FULL, m, src);
+    lq[u] = __shfl_sync(FULL, l, src);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float shift = __shfl_sync(FULL, zs[h], src), unit = h ? HIGH_UNIT : LOW_UNIT;
+#pragma unroll
+      for (int k = 0; k < VW; ++k) {  // channels h * D/2 + g * D/16 + 4k + (0..3)
+        const int n = h * VW + k;
+        base[n] = h * (D / 2) + g * (D / 16) + 4 * k;
+        ov[u][4 * n] = unit * o[h][2 * k][u] + shift;
+        ov[u][4 * n + 1] = unit * o[h][2 * k][2 + u] + shift;
+        ov[u][4 * n + 2] = unit * o[h][2 * k + 1][u] + shift;
+        ov[u][4 * n + 3] = unit * o[h][2 * k + 1][2 + u] + shift;
+      }
+    }
+  }
+  finish_head<T, D>(a, smem, ov, base, mq, lq, 1.f, kv_head, start, end, n_chunks);
 }
+
 
 // Combine the chunks of each (sequence, query head): grid (Hq, B), blockDim.x / 32 warps
 // (<= MAX_MERGE_WARPS). Warp w folds chunks w, w + warps, ... (each lane D/32 channels), then
@@ -499,7 +803,8 @@ __device__ void fp8_merge(const Args& a) {
   }
 }
 
-// extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], fp8_merge_...
+// extern "C" entry points: fp8_decode_{f16,bf16}_d{64,128,256}[_token], int4_decode_...,
+// fp8_merge_... (the merge is the same for both formats)
 // (head_dim 256 holds twice the fragments: one CTA of MAX_WARPS per SM, else it spills)
 #define DECODE(NAME, T, D, TOKEN)                                                        \
   extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
@@ -508,9 +813,15 @@ __device__ void fp8_merge(const Args& a) {
   }
 #define MERGE(NAME, T, D) \
   extern "C" __global__ void __launch_bounds__(MAX_MERGE_WARPS * 32) NAME(const Args a) { fp8_merge<T, D>(a); }
+#define INT4(NAME, T, D)                                                                 \
+  extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
+      NAME(const Args a) {                                                                 \
+    int4_decode<T, D>(a);                                                                  \
+  }
 #define ALL(TN, T, D)                                   \
   DECODE(fp8_decode_##TN##_d##D, T, D, false)           \
   DECODE(fp8_decode_##TN##_d##D##_token, T, D, true)    \
+  INT4(int4_decode_##TN##_d##D, T, D)                   \
   MERGE(fp8_merge_##TN##_d##D, T, D)
 
 ALL(f16, __half, 64)

@@ -1,9 +1,10 @@
-"""First look at the hand-written CUDA FP8 decode kernel (paged_ref/kernels/cuda_fp8.py) on
-one GPU: each large bench case (FP8 per tensor and per token-head, q bf16) checked against the
-float64 answer, then timed next to the Triton kernel ``paged_attention`` runs, with a sweep of
-tokens per CTA (``chunk_len``), ring stages and the .cu's tuning macros (environment variables
-``CHUNKS``, ``STAGES``, ``DEFINES``: e.g. ``DEFINES=,WARPS_PER_HEAD=2+L2_PREFETCH=128``).
-Writes ``$OUT/cuda_fp8_probe.json``.
+"""The hand-written CUDA decode kernels (paged_ref/kernels/cuda_fp8.py) on one GPU: each large
+bench case (FP8 per tensor and per token-head, INT4; q bf16) checked against the float64
+answer, then timed (planned once, ``plan.run`` timed) next to the Triton kernel
+``paged_attention`` runs, with a sweep of tokens per CTA (``chunk_len``; ``whole``: whole
+sequences), ring stages and the .cu's tuning macros (environment variables ``CHUNKS``,
+``STAGES``, ``DEFINES``, ``FORMATS``: e.g. ``DEFINES=,WARPS_PER_HEAD=2+L2_PREFETCH=128``;
+token-head scales run the first stages / defines only). Writes ``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
 """
@@ -22,7 +23,7 @@ from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call, gbps, time_ms
-from paged_ref.kernels.cuda_fp8 import plan_cuda_fp8
+from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
 # The sweep: tokens per CTA (None: the default), ring stages, other macros of the .cu file.
@@ -31,6 +32,7 @@ CHUNKS = [None if c == "none" else c if c == "whole" else int(c)
           for c in os.environ.get("CHUNKS", "none,1024,2048,whole").split(",")]
 STAGES = [int(s) for s in os.environ.get("STAGES", "3,4,6").split(",")]
 DEFINES = [tuple(d.split("+")) if d else () for d in os.environ.get("DEFINES", "").split(",")]
+FORMATS = os.environ.get("FORMATS", "fp8,fp8_token_head,int4").split(",")
 
 
 def main() -> None:
@@ -39,20 +41,20 @@ def main() -> None:
     for name in LARGE:
         lens = CASES[name]
         plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
-        for fmt in ("fp8", "fp8_token_head"):
+        for fmt in FORMATS:
             inp = plain.quantized(fmt)
             ref = float64_reference(inp)
             nbytes = bytes_moved(inp)
             args = inp.args()
             out = torch.empty_like(inp.q)
             runners = {label: fn for label, (backend, _, fn) in our_runners(inp).items()
-                       if backend != "cuda_fp8"}  # (the sweep's chunk=None row is that one)
+                       if not backend.startswith("cuda")}  # (the sweep's chunk=None row)
             max_len = max(lens)
             for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
                 if (isinstance(chunk, int) and chunk >= max_len) or (
-                        fmt != "fp8" and (stages, defines) != (STAGES[0], DEFINES[0])):
+                        fmt == "fp8_token_head" and (stages, defines) != (STAGES[0], DEFINES[0])):
                     continue
-                plan = plan_cuda_fp8(*args, chunk_len=max_len if chunk == "whole" else chunk,
+                plan = plan_cuda(*args, chunk_len=max_len if chunk == "whole" else chunk,
                                      max_len=max_len, total_tokens=sum(lens), stages=stages,
                                      defines=defines)
                 runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
