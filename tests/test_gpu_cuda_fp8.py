@@ -54,11 +54,13 @@ def test_cuda_fp8_warps_sharing_a_head(fmt, case):
 
 
 def test_cuda_fp8_out_with_odd_strides():
-    """An out whose rows are not 4-element aligned gets the answer through a temporary."""
+    """An out (and a q) whose rows are not 4-element aligned go through temporaries."""
     inp = make_paged_inputs([100, 700], num_q_heads=8, num_kv_heads=2, head_dim=64,
                             dtype=torch.float16, device="cuda", seed=6).quantized("fp8")
     out = torch.zeros(2, 8, 66, dtype=torch.float16, device="cuda")[..., 1:65]
-    got = paged_attention_cuda_fp8(*inp.args(), out=out)
+    q = torch.zeros(2, 8, 66, dtype=torch.float16, device="cuda")[..., 1:65]  # (and q)
+    q.copy_(inp.q)
+    got = paged_attention_cuda_fp8(q, *inp.args()[1:], out=out)
     assert got.data_ptr() == out.data_ptr()
     assert_close(out, inp.reference(), name="odd out strides")
 

@@ -294,6 +294,8 @@ class CudaDecodePlan:
             out = torch.empty_like(q)
         if self.q_shape[0] == 0:
             return out
+        if q.stride(0) % 4 or q.stride(1) % 4 or q.data_ptr() % 8:  # read 4 elements at a time
+            q = q.contiguous()
         target = out
         # The kernel stores 4 channels at a time: an out it cannot (strides not multiples of 4
         # elements) gets the answer through a contiguous temporary.

@@ -222,6 +222,19 @@ __device__ __forceinline__ void store4(T* dst, float x0, float x1, float x2, flo
   }
 }
 
+// Four consecutive elements of q (8-byte aligned: the launcher guarantees it) as floats; zeros
+// for a padding row (no load).
+template <typename T>
+__device__ __forceinline__ void load_q4(float (&x)[4], const T* src, bool real) {
+  x[0] = x[1] = x[2] = x[3] = 0.f;
+  if (real) {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    const T* v = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = static_cast<float>(v[i]);
+  }
+}
+
 // The end of a warp's chunk, for both formats: this thread's unnormalised outputs ov[u][.]
 // for queries 2t + u (groups of 4 channels from base[n]), their running max mq[u] (log2
 // units) and sum lq[u] -> q's dtype in `out` (one chunk) or a float32 partial and its
@@ -338,8 +351,7 @@ __device__ void fp8_decode(const Args& a) {
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
       float x[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = real ? static_cast<float>(qrow[4 * s + i]) : 0.f;
+      load_q4(x, qrow + 4 * s, real);
       qa[s][0] = pack_f16x2(x[0], x[1]);
       qa[s][1] = 0;
       qa[s][2] = pack_f16x2(x[2], x[3]);
@@ -590,9 +602,7 @@ __device__ void int4_decode(const Args& a) {
 #pragma unroll
       for (int w = 0; w < KW; ++w) {
         float x[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          x[i] = real ? static_cast<float>(qrow[h * (D / 2) + 4 * w + i]) : 0.f;
+        load_q4(x, qrow + h * (D / 2) + 4 * w, real);
         qa[h][w][0] = pack_f16x2(x[0], x[2]);
         qa[h][w][1] = 0;
         qa[h][w][2] = pack_f16x2(x[1], x[3]);
