@@ -225,8 +225,6 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
         raise TypeError(f"k_cache is {k_cache.format.name}, v_cache {v_cache.format.name}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"{what} takes float16 / bfloat16 q, got {q.dtype}")
-    if not q.is_cuda:
-        raise ValueError(f"{what} runs on a CUDA GPU; q is on the CPU")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"{what} takes head_dim in {HEAD_DIMS}, got {head_dim}")
@@ -242,6 +240,8 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
         raise ValueError(f"stages must be 2..8, got {stages}")
     if q.stride(-1) != 1:
         raise ValueError(f"q's head_dim must be contiguous (stride 1) for {what}")
+    if not q.is_cuda:
+        raise ValueError(f"{what} runs on a CUDA GPU; q is on the CPU")
     if kind == "int4":
         return "int4_decode_{}"
     return "fp8_decode_{}" + ("_token" if k_cache.format.scale_per == "token_head" else "")

@@ -32,6 +32,27 @@ def test_refuses_what_it_does_not_read(what, error):
         cuda_fp8.paged_attention_cuda_fp8(*inp.args())
 
 
+@pytest.mark.parametrize("what, error", [
+    ("int4_g64", "a \\(scale, zero\\) pair per nibble half"),
+    ("block 12", "power-of-two block_size"), ("group 16", "up to 8 query heads"),
+    ("head_dim 96", "head_dim in"), ("cpu int4", "runs on a CUDA GPU"),
+    ("fp8 k, int4 v", "v_cache is int4"),
+])
+def test_cuda_kernels_refuse_what_they_do_not_read(what, error):
+    """The format and shape checks come before the device check, so they run here too."""
+    inp = make_paged_inputs([20, 5], num_q_heads=32 if what == "group 16" else 8,
+                            num_kv_heads=2, head_dim=96 if what == "head_dim 96" else 64,
+                            block_size=12 if what == "block 12" else 16, dtype=torch.bfloat16)
+    fmt = "int4_g64" if what == "int4_g64" else "fp8" if what in ("block 12", "head_dim 96",
+                                                                    "group 16") else "int4"
+    q, k, v, tables, lens = inp.quantized(fmt).args()
+    if what == "fp8 k, int4 v":
+        k = inp.quantized("fp8").k_cache
+    with pytest.raises((TypeError, ValueError), match=error):
+        cuda_fp8.check_cuda_inputs(q, k, v, k.format.kind)
+
+
+
 def test_unavailable_without_a_gpu():
     if not torch.cuda.is_available():
         assert not cuda_fp8.cuda_fp8_available()
@@ -65,7 +86,13 @@ def test_compiles_to_mma_and_async_copies(tmp_path, monkeypatch):
     assert not any(op.startswith(("STL", "LDL")) for op in ops)  # no register spills
     usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], check=True,
                            capture_output=True, text=True).stdout
-    assert "fp8_decode_f16_d64_token" in usage
+    assert "fp8_decode_f16_d64_token" in usage and "int4_decode_f16_d256" in usage
+    # INT4: nibbles reach the tensor cores by bit masks (LOP3), never a byte-wide load
+    sass = subprocess.run([tools / "cuobjdump", "-sass", "-fun", "int4_decode_bf16_d128", cubin],
+                          check=True, capture_output=True, text=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)
+    assert any(op.startswith("HMMA.16816.F32") for op in ops) and "LOP3.LUT" in ops
+    assert not any(op.startswith(("LDS.U8", "LDS.S8", "STL", "LDL")) for op in ops)
 
 
 @needs_nvcc

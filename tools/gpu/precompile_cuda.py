@@ -1,0 +1,44 @@
+"""Compile the CUDA decode kernels' cubins for sm_90 here (nvcc, no GPU needed) so that a GPU
+call spends its minutes running, not compiling (each build takes ~10 s): the default build,
+the ``WARPS_PER_HEAD`` variants the tests and the probe use, and with ``--mutants`` the planted
+mistakes of ``tests/test_gpu_cuda_fp8.py``. Carry the folder and point ``PAGED_REF_CACHE`` at it:
+
+    PAGED_REF_CACHE=$PWD/build/cubins python tools/gpu/precompile_cuda.py --mutants
+    # then, on the GPU machine (carry build/cubins): PAGED_REF_CACHE=$PWD/build/cubins ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from paged_ref.course import ROOT
+from paged_ref.kernels import cuda_fp8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
+    args = parser.parse_args()
+    jobs = [(3, d, None) for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))]
+    if args.mutants:
+        spec = importlib.util.spec_from_file_location(
+            "gpu_tests", ROOT / "tests" / "test_gpu_cuda_fp8.py")
+        tests = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tests)  # (its GPU tests skip themselves; only MUTANTS is read)
+        text, folder = cuda_fp8.SOURCE.read_text(), Path(tempfile.mkdtemp())
+        for i, (old, new) in enumerate(tests.MUTANTS.values()):
+            source = folder / f"mutant{i}.cu"
+            source.write_text(text.replace(old, new))
+            jobs.append((3, (), source))
+    with ThreadPoolExecutor(2) as pool:
+        for cubin in pool.map(lambda j: cuda_fp8.compile_cubin(args.arch, *j), jobs):
+            print(cubin)
+
+
+if __name__ == "__main__":
+    main()
