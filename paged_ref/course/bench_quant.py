@@ -52,8 +52,9 @@ def float64_reference(inp: PagedInputs) -> torch.Tensor:
 def our_runners(inp: PagedInputs, configs=()) -> dict:
     """label -> (backend, info, callable): the kernel ``paged_attention`` runs for these inputs
     (the split kernel with the plan it would make, made once outside the timing; a one-chunk
-    plan is the one-pass kernel) and, for FP8 caches on a GPU that can build it, the CUDA
-    kernel; or with ``configs`` the one-pass Triton kernel at each config."""
+    plan is the one-pass kernel) and, for FP8 and INT4 caches on a GPU that can build them,
+    the CUDA kernels (:func:`cuda_runners`); or with ``configs`` the one-pass Triton kernel at
+    each config."""
     from paged_ref.kernels.triton_decode import paged_attention_triton
     from paged_ref.kernels.triton_split import SplitScratch, paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
@@ -163,8 +164,9 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
 
 def family(row: dict) -> str:
     """Whose kernel a row timed: ``"ours"`` (Triton), ``"ours-CUDA"`` or ``"FlashInfer"``."""
-    return {"flashinfer": "FlashInfer", "cuda_fp8": "ours-CUDA",
-            "cuda_int4": "ours-CUDA"}.get(row["backend"], "ours")
+    if row["backend"] == "flashinfer":
+        return "FlashInfer"
+    return "ours-CUDA" if row["backend"].startswith("cuda_") else "ours"
 
 
 def mark_best(rows: list[dict]) -> list[dict]:

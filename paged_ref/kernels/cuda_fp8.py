@@ -254,8 +254,8 @@ def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
 
 @dataclass(frozen=True)
 class CudaDecodePlan:
-    """A prepared launch of the CUDA FP8 or INT4 kernel, as :func:`paged_ref.plan_decode` is for the
-    Triton ones: the checks, the kernels, the chunking and the scratch buffers are settled
+    """A prepared launch of the CUDA FP8 or INT4 kernel, as :func:`paged_ref.plan_decode` is
+    for the Triton ones: the checks, the kernels, the chunking and the scratch buffers are settled
     once by :func:`plan_cuda`; :meth:`run` fills in the tensors' addresses and launches
     (no tensor value read, nothing allocated but the output). Lengths up to ``max_len`` are
     covered; the kernel clamps longer ones to it (cut short, never read past the table)."""
@@ -339,8 +339,8 @@ class CudaDecodePlan:
 
 
 def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_len=None,
-                  max_len=None, total_tokens=None, stages=DEFAULT_STAGES,
-                  defines=()) -> CudaDecodePlan:
+              max_len=None, total_tokens=None, stages=DEFAULT_STAGES,
+              defines=()) -> CudaDecodePlan:
     """For ``fp8`` / ``fp8_token_head`` caches, and ``int4`` ones (a (scale, zero) pair per
     nibble half): check the inputs (:func:`paged_ref.validation.check_shapes`, and
     :func:`~paged_ref.validation.check_values` unless ``max_len`` is given: one read-back),
@@ -381,12 +381,12 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
                              device=q.device)
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
                                device=q.device)
-    ring = shared_bytes(head_dim, stages, warps_per_head, kind)  # per head of a CTA
-    if ring > _shared_limit(device):
+    ring, limit = shared_bytes(head_dim, stages, warps_per_head, kind), _shared_limit(device)
+    if ring > limit:  # (ring: per KV head of a CTA)
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
-                         f"memory per head; this GPU allows {_shared_limit(device)}: use fewer")
+                         f"memory per head; this GPU allows {limit}: use fewer")
     heads = heads_per_cta(num_kv_heads, warps_per_head,
-                          min(MAX_WARPS, _shared_limit(device) // ring * warps_per_head))
+                          min(MAX_WARPS, limit // ring * warps_per_head))
     name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
     return CudaDecodePlan(

@@ -48,3 +48,5 @@ def test_best_marks_each_family_apart():
     marked = bench_quant.mark_best(rows)
     assert [r["best"] for r in marked] == [True, True, True]
     assert [bench_quant.family(r) for r in rows] == ["ours", "ours-CUDA", "FlashInfer"]
+    assert bench_quant.family(dict(backend="cuda_int4")) == "ours-CUDA"
+    assert bench_quant.family(dict(backend="triton_split")) == "ours"
