@@ -100,15 +100,11 @@ MUTANTS = {
     "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
                                   "prmt(vw[0][w], vw[1][w], 0x4150)"),
     "no rescale of O": ("o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;", ""),
-    "rescale only when every max grew": (
-        "if (__any_sync(FULL, grew)) {\n      const float a0 = __shfl_sync(FULL, alpha, 8 * t), "
-        + FP8_RESCALE, "if (__all_sync(FULL, grew)) {\n      const float a0 = "
-        "__shfl_sync(FULL, alpha, 8 * t), " + FP8_RESCALE),
+    "rescale only when every max grew": ("return __any_sync(FULL, grew);",
+                                         "return __all_sync(FULL, grew);"),
     "alphas of the wrong queries": (
         FP8_RESCALE, FP8_RESCALE.replace("alpha, 8 * t + 4", "alpha, 8 * t")),
-    "table entries one batch late": (
-        "      entries = next_entries;\n      next_entries = entry(i + 32 + lane);\n    }\n"
-        "    copy_tile<", "      next_entries = entry(i + 32 + lane);\n    }\n    copy_tile<"),
+    "table entries one batch late": ("      now = next;\n", ""),
     "int4: K's zeros ignored": ("kz.x * qsum[0] + kz.y * qsum[1];", "0.f;"),
     "int4: V's zeros ignored": ("z += p[i] * (h ? vz.y : vz.x);", ""),
     "int4: halves' scales swapped": ("mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);",

@@ -315,28 +315,82 @@ __device__ __forceinline__ void finish_head(const Args& a, uint8_t* smem, const 
   }
 }
 
+// What one warp works on, for both formats. grid (Hkv / heads_per_cta, chunks, B): the KV
+// heads of one CTA read the same tokens at the same time (their rows interleave in memory).
+// Warp w: head w % heads_per_cta of the CTA, part w / heads_per_cta of that head's tiles of
+// the chunk: tiles part, part + WARPS_PER_HEAD, ...; tile i starts at token first + i * step.
+struct WarpWork {
+  int kv_head, b, start, end, n_chunks, first, step, n_tiles;
+  const int* table;        // this sequence's block-table row
+  const uint8_t* k_head;   // the K cache at this KV head
+  long long v_minus_k;     // same layout: V's byte = K's byte + this
+  __device__ explicit WarpWork(const Args& a) {
+    const int warp = threadIdx.x / 32, part = warp / a.heads_per_cta;
+    kv_head = blockIdx.x * a.heads_per_cta + warp % a.heads_per_cta;
+    b = blockIdx.z;
+    const int seq_len = min(a.seq_lens[b], a.max_len);
+    start = blockIdx.y * a.chunk_len;
+    end = min(seq_len, start + a.chunk_len);
+    n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
+    first = start + part * TILE;
+    step = WARPS_PER_HEAD * TILE;
+    n_tiles = first < end ? (end - first + step - 1) / step : 0;
+    table = a.block_tables + b * a.table_sb;
+    k_head = a.k + kv_head * a.c_sh;
+    v_minus_k = a.v - a.k;
+  }
+  // past this sequence's end (chunk 0 writes zeros for an empty one): the CTA returns
+  __device__ bool idle() const { return blockIdx.y > 0 && (int)blockIdx.y >= n_chunks; }
+};
+
+// Block-table entries looked up ahead (blocks of >= 16 tokens hold whole tiles): lane j holds
+// tile 32 n + j's entry in `now` and tile 32 (n + 1) + j's in `next`, so a tile's copy never
+// waits on a table read. at(i) is tile i's entry, for i = 0, 1, 2, ... in turn (every lane).
+struct TableAhead {
+  int now, next;
+  __device__ int load(const Args& a, const WarpWork& w, int i) const {
+    return a.block_shift >= 4 && i < w.n_tiles ? w.table[(w.first + i * w.step) >> a.block_shift]
+                                               : 0;
+  }
+  __device__ TableAhead(const Args& a, const WarpWork& w, int lane)
+      : now(load(a, w, lane)), next(load(a, w, 32 + lane)) {}
+  __device__ int at(const Args& a, const WarpWork& w, int i, int lane) {
+    if (i % 32 == 0 && i > 0) {
+      now = next;
+      next = load(a, w, i + 32 + lane);
+    }
+    return __shfl_sync(FULL, now, i % 32);
+  }
+};
+
+// One tile's step of the online softmax for query g (scores x of this thread's 4 tokens, log2
+// units, -inf past the end): the new running max m, the weights p, alpha = exp2(m_old - m),
+// this thread's running sum l. True when some query's max grew (then O needs rescaling).
+__device__ __forceinline__ bool softmax_step(const float (&x)[4], float& m, float& l,
+                                             float (&p)[4], float& alpha) {
+  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+  const float m_new = fmaxf(m, mx);  // finite: the tile has a real token
+  const bool grew = m_new > m;
+  alpha = fast_exp2(m - m_new);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
+  l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
+  m = m_new;
+  return __any_sync(FULL, grew);
+}
+
 template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
   constexpr int VWORDS = D / 32;  // 32-bit words of each V row a thread reads (its D/8 channels)
   constexpr int OTILES = D / 16;  // m-tiles of O^T = V^T P^T (16 channels each)
-  // grid (Hkv / heads_per_cta, chunks, B): the KV heads of one CTA read the same tokens at
-  // the same time (their rows interleave in memory). Warp w: head w % heads_per_cta of the
-  // CTA, part w / heads_per_cta of that head's tiles.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int part = warp / a.heads_per_cta;
-  const int kv_head = blockIdx.x * a.heads_per_cta + warp % a.heads_per_cta;
-  const int chunk = blockIdx.y, b = blockIdx.z;
-  const int seq_len = min(a.seq_lens[b], a.max_len);
-  const int start = chunk * a.chunk_len;
-  const int end = min(seq_len, start + a.chunk_len);
-  const int n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
-  if (chunk > 0 && chunk >= n_chunks) return;  // past this sequence's end (chunk 0 writes
-                                               // zeros for an empty one)
-  const int* table = a.block_tables + b * a.table_sb;
-  const uint8_t* k_head = a.k + kv_head * a.c_sh;
-  const long long v_minus_k = a.v - a.k;  // same layout: V's byte = K's byte + this
+  const WarpWork w(a);
+  if (w.idle()) return;
+  const int kv_head = w.kv_head, b = w.b, start = w.start, end = w.end;
 
   extern __shared__ __align__(16) uint8_t smem[];  // STAGES tiles per warp, then reused
   Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
@@ -368,36 +422,24 @@ __device__ void fp8_decode(const Args& a) {
   const float k_scale = TOKEN_SCALE ? 1.f : __ldg(a.k_scale);
   const float score_scale = a.qk_scale_log2 * k_scale;
 
-  // This warp takes tiles part, part + WARPS_PER_HEAD, ... of the chunk: tile i starts at
-  // token first + i * step. The ring keeps STAGES - 1 tiles in flight while one is used.
-  const int first = start + part * TILE, step = WARPS_PER_HEAD * TILE;
-  const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
-  // Table entries of the next tiles, looked up ahead (blocks of >= 16 tokens): lane j holds
-  // tile 32 n + j's entry in `entries` and tile 32 (n + 1) + j's in `next_entries`.
-  auto entry = [&](int i) {
-    return a.block_shift >= 4 && i < n_tiles ? table[(first + i * step) >> a.block_shift] : 0;
-  };
-  int entries = entry(lane), next_entries = entry(32 + lane);
-  auto copy = [&](int i) {  // tile i into its stage (i is the same in every lane)
-    if (i % 32 == 0 && i > 0) {
-      entries = next_entries;
-      next_entries = entry(i + 32 + lane);
-    }
-    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], a, k_head, v_minus_k, table, kv_head,
-                              first + i * step, end, lane, __shfl_sync(FULL, entries, i % 32));
+  TableAhead entries(a, w, lane);
+  auto copy = [&](int i) {  // tile i into its stage (i is the same in every lane); the ring
+                            // keeps STAGES - 1 tiles in flight while one is used
+    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], a, w.k_head, w.v_minus_k, w.table, kv_head,
+                              w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) copy(i);
+    if (i < w.n_tiles) copy(i);
     cp_async_commit();  // (an empty group keeps the counting uniform)
   }
-  for (int i = 0; i < n_tiles; ++i) {
+  for (int i = 0; i < w.n_tiles; ++i) {
     cp_async_wait<STAGES - 2>();  // tile i has landed (this lane's copies) ...
     __syncwarp();                 // ... and every lane's; the stage read last step is free
-    if (i + STAGES - 1 < n_tiles) copy(i + STAGES - 1);
+    if (i + STAGES - 1 < w.n_tiles) copy(i + STAGES - 1);
     cp_async_commit();
     const Stage<D>& st = ring[i % STAGES];
-    const int t0 = first + i * step;
+    const int t0 = w.first + i * w.step;
     uint32_t kw[2][D / 16], vw[4][VWORDS];  // this thread's fragment bytes (see the header)
 #pragma unroll
     for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * Stage<D>::ROW + t * (D / 4));
@@ -422,24 +464,15 @@ __device__ void fp8_decode(const Args& a) {
       float sc = TOKEN_SCALE ? score_scale * st.ks[2 * t + (i & 1) + 8 * (i >> 1)] : score_scale;
       x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;
     }
-    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-    const float m_new = fmaxf(m, mx);  // finite: the tile has a real token
-    const bool grew = m_new > m;
-    const float alpha = fast_exp2(m - m_new);
-    float p[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
-    l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
-    m = m_new;
+    float p[4], alpha;
+    const bool grew = softmax_step(x, m, l, p, alpha);
     if (TOKEN_SCALE) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) p[i] *= st.vs[2 * t + (i & 1) + 8 * (i >> 1)];
     }
     // Rescale O only when some query's max grew (alpha is 1 otherwise: skipping is exact).
     // O^T's columns are queries 2t, 2t+1, whose alphas live in lanes 4 * (2t) and 4 * (2t+1).
-    if (__any_sync(FULL, grew)) {
+    if (grew) {
       const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
 #pragma unroll
       for (int j = 0; j < OTILES; ++j) {
@@ -491,7 +524,7 @@ __device__ void fp8_decode(const Args& a) {
     }
   }
   const float v_scale = TOKEN_SCALE ? 1.f : __ldg(a.v_scale);
-  finish_head<T, D>(a, smem, ov, base, mq, lq, v_scale, kv_head, start, end, n_chunks);
+  finish_head<T, D>(a, smem, ov, base, mq, lq, v_scale, kv_head, start, end, w.n_chunks);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -572,17 +605,9 @@ __device__ void int4_decode(const Args& a) {
   constexpr int ROW = Int4Stage<D>::ROW;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int part = warp / a.heads_per_cta;
-  const int kv_head = blockIdx.x * a.heads_per_cta + warp % a.heads_per_cta;
-  const int chunk = blockIdx.y, b = blockIdx.z;
-  const int seq_len = min(a.seq_lens[b], a.max_len);
-  const int start = chunk * a.chunk_len;
-  const int end = min(seq_len, start + a.chunk_len);
-  const int n_chunks = (seq_len + a.chunk_len - 1) / a.chunk_len;
-  if (chunk > 0 && chunk >= n_chunks) return;
-  const int* table = a.block_tables + b * a.table_sb;
-  const uint8_t* k_head = a.k + kv_head * a.c_sh;
-  const long long v_minus_k = a.v - a.k;
+  const WarpWork w(a);
+  if (w.idle()) return;
+  const int kv_head = w.kv_head, b = w.b, start = w.start, end = w.end;
 
   extern __shared__ __align__(16) uint8_t smem[];
   Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
@@ -625,32 +650,23 @@ __device__ void int4_decode(const Args& a) {
   float m = -INFINITY, l = 0.f;
   float zs[2] = {0.f, 0.f};  // sum_t p_t zero_h(t) (query g, this thread's tokens)
 
-  const int first = start + part * TILE, step = WARPS_PER_HEAD * TILE;
-  const int n_tiles = first < end ? (end - first + step - 1) / step : 0;
-  auto entry = [&](int i) {
-    return a.block_shift >= 4 && i < n_tiles ? table[(first + i * step) >> a.block_shift] : 0;
-  };
-  int entries = entry(lane), next_entries = entry(32 + lane);
+  TableAhead entries(a, w, lane);
   auto copy = [&](int i) {
-    if (i % 32 == 0 && i > 0) {
-      entries = next_entries;
-      next_entries = entry(i + 32 + lane);
-    }
-    copy_int4_tile<D>(ring[i % STAGES], a, k_head, v_minus_k, table, kv_head, first + i * step,
-                      end, lane, __shfl_sync(FULL, entries, i % 32));
+    copy_int4_tile<D>(ring[i % STAGES], a, w.k_head, w.v_minus_k, w.table, kv_head,
+                      w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) copy(i);
+    if (i < w.n_tiles) copy(i);
     cp_async_commit();
   }
-  for (int i = 0; i < n_tiles; ++i) {
+  for (int i = 0; i < w.n_tiles; ++i) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
-    if (i + STAGES - 1 < n_tiles) copy(i + STAGES - 1);
+    if (i + STAGES - 1 < w.n_tiles) copy(i + STAGES - 1);
     cp_async_commit();
     const Int4Stage<D>& st = ring[i % STAGES];
-    const int t0 = first + i * step;
+    const int t0 = w.first + i * w.step;
     uint32_t kw[2][KW], vw[4][VW];
 #pragma unroll
     for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * ROW + t * (D / 8));
@@ -678,17 +694,8 @@ __device__ void int4_decode(const Args& a) {
                       + kz.x * qsum[0] + kz.y * qsum[1];
       x[i] = t0 + tk < end ? s * a.qk_scale_log2 : -INFINITY;
     }
-    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    const bool grew = m_new > m;
-    const float alpha = fast_exp2(m - m_new);
-    float p[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
-    l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
-    m = m_new;
+    float p[4], alpha;
+    const bool grew = softmax_step(x, m, l, p, alpha);
     // P'^T per half: p_t scale_h(t) in float16 (B operand: k-slot i <-> token t0 + i)
     uint32_t pb[2][2];
 #pragma unroll
@@ -705,7 +712,7 @@ __device__ void int4_decode(const Args& a) {
       pb[h][1] = pack_f16x2(pv[2], pv[3]);
       zs[h] = zs[h] * alpha + z;
     }
-    if (__any_sync(FULL, grew)) {
+    if (grew) {
       const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -762,7 +769,7 @@ __device__ void int4_decode(const Args& a) {
       }
     }
   }
-  finish_head<T, D>(a, smem, ov, base, mq, lq, 1.f, kv_head, start, end, n_chunks);
+  finish_head<T, D>(a, smem, ov, base, mq, lq, 1.f, kv_head, start, end, w.n_chunks);
 }
 
 
