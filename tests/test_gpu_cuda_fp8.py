@@ -109,8 +109,11 @@ MUTANTS = {
     "int4: V's zeros ignored": ("z += p[i] * (h ? vz.y : vz.x);", ""),
     "int4: halves' scales swapped": ("mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);",
                                      "mma_16816(o[1][2 * k + e], hi, pb[0][0], pb[0][1]);"),
+    "copies not swizzled as the reads are": ("const int to = swizzled(row * ROW + at);",
+                                             "const int to = row * ROW + at;"),
     "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",
                              "for (int w = 0; w < 1; ++w) {\n      const float f"),
+    "merge does not wait for the partials": ("  dependent_launch_wait();\n", ""),
 }
 
 
@@ -128,6 +131,37 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
     inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=11).quantized(
                                 "int4" if mutant.startswith("int4") else "fp8")
-    out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None)
+    if "wait" in mutant:
+        # 8 long chunks of one sequence: every decode CTA starts at once and runs ~1 ms, so a
+        # merge that does not wait reads the partials while they are still NaN
+        inp = make_paged_inputs([131072], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                dtype=torch.bfloat16, device="cuda", seed=11).quantized("fp8")
+        plan = cuda_fp8.plan_cuda(*inp.args(), chunk_len=16384)
+        plan.part_o.fill_(float("nan"))
+        plan.part_lse.fill_(float("nan"))
+        out = plan.run(*inp.args())
+    else:
+        out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None)
     with pytest.raises(AssertionError):
         assert_close(out, inp.reference(), name=mutant)
+
+
+def test_dependent_merge_launch_matches_a_plain_one():
+    """The merge launched as a programmatic dependent of the decode kernel (Hopper+) gives
+    the same bits as a plain launch after it, on chunks whose partials start as NaN."""
+    import dataclasses
+
+    from paged_ref.kernels.cuda_fp8 import plan_cuda
+
+    inp = make_paged_inputs([40000, 3000, 17], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=5).quantized("fp8")
+    plan = plan_cuda(*inp.args(), chunk_len=512)
+    assert plan.merge is not None
+    assert plan.dependent_merge == (torch.cuda.get_device_capability() >= (9, 0))
+    outs = []
+    for p in (plan, dataclasses.replace(plan, dependent_merge=False)):
+        p.part_o.fill_(float("nan"))
+        p.part_lse.fill_(float("nan"))
+        outs.append(p.run(*inp.args()))
+    assert torch.equal(outs[0], outs[1])
+    assert_close(outs[0], inp.reference(), name="dependent merge")

@@ -79,12 +79,12 @@ def cuda_fp8_available(device: torch.device | str | None = None) -> bool:
 
 
 def shared_bytes(head_dim: int, stages: int, warps: int, kind: str = "fp8") -> int:
-    """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: K and
-    V rows of ``head_dim + 16`` bytes and 2 x 16 float32 scales; ``Int4Stage``: rows of
-    ``head_dim / 2 + 16`` bytes and 4 x 16 (scale, zero) pairs)."""
+    """Dynamic shared memory of one CTA: ``stages`` tiles per warp (the .cu's ``Stage``: 16 K
+    and 16 V rows of ``head_dim`` bytes, unpadded (swizzled), and 2 x 16 float32 scales;
+    ``Int4Stage``: rows of ``head_dim / 2`` bytes and 4 x 16 (scale, zero) pairs)."""
     if kind == "int4":
-        return warps * stages * (2 * TILE * (head_dim // 2 + 16) + 4 * TILE * 4)
-    return warps * stages * (2 * TILE * (head_dim + 16) + 2 * TILE * 4)
+        return warps * stages * (2 * TILE * (head_dim // 2) + 4 * TILE * 4)
+    return warps * stages * (2 * TILE * head_dim + 2 * TILE * 4)
 
 
 def _macro(defines: tuple, name: str, default: int) -> int:
@@ -170,6 +170,40 @@ def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
                                     argv, None), "cuLaunchKernel")
 
 
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, then a 64-byte union (here its first int)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
+
+    _fields_ = [(n, ctypes.c_uint) for n in (
+        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shared_bytes")] + [
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def _launch_dependent(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
+    """Launch ``fn`` as a programmatic dependent of the kernel before it in ``stream``
+    (Hopper+): its CTAs may be scheduled once every CTA of that kernel has started (the decode
+    kernel says so first thing) and wait in ``griddepcontrol.wait`` for it to finish, so the
+    merge starts without a launch gap. Elsewhere (no such driver entry) a plain launch."""
+    if not hasattr(_driver(), "cuLaunchKernelEx"):
+        return _launch(fn, grid, threads, smem, args, stream)
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    config = _LaunchConfig(*grid, threads, 1, 1, smem, ctypes.c_void_p(stream),
+                           ctypes.pointer(attr), 1)
+    argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, argv, None),
+           "cuLaunchKernelEx")
+
+
 def heads_per_cta(num_kv_heads: int, warps_per_head: int = WARPS_PER_HEAD,
                   max_warps: int = MAX_WARPS) -> int:
     """KV heads side by side in one CTA: the largest divisor of ``num_kv_heads`` that keeps the
@@ -180,14 +214,19 @@ def heads_per_cta(num_kv_heads: int, warps_per_head: int = WARPS_PER_HEAD,
 
 
 def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
-                   total_tokens: int | None = None) -> tuple[int, int]:
-    """``(chunk_len, warps_per_head)`` for a batch, from the probe on the H200
-    (``benchmarks/h200/cuda_fp8_probe.json``): each warp streams long runs of one head, about
-    one or two CTAs per SM, and no merge kernel when it can be helped.
+                   total_tokens: int | None = None, kind: str = "fp8") -> tuple[int, int]:
+    """``(chunk_len, warps_per_head)`` for a batch of a ``kind`` (``"fp8"`` / ``"int4"``)
+    cache, from the probe on the H200 (``benchmarks/h200/cuda_fp8_probe.json``): each warp
+    streams long runs of one head, about one or two CTAs per SM, and no merge kernel when it
+    can be helped.
 
     * Lengths about equal (``total_tokens`` >= 90 % of ``batch * max_len``, or unknown):
       whole sequences, with the warps per head (1, 2 or 4; the CTA's KV heads shrink to
-      match) that give the most CTAs up to 2 per SM: B64_L4096 takes 4, B256_L1024 takes 1.
+      match) chosen by format. FP8 reads fastest with the most KV heads a CTA (longer runs of
+      each token row) that still give about one CTA per SM (>= 90 % of the SMs, at most 2
+      per SM): B64_L4096 takes 2 (128 CTAs; 4 heads a CTA, 91.8 % of copy bandwidth against
+      90.4 % with 4 warps a head), B256_L1024 takes 1. INT4, which has more instructions per
+      byte, wants more warps: the most CTAs up to 2 per SM (B64_L4096 takes 4).
     * Too few sequences for that (fewer CTAs than SMs even at 4): one warp per head (8 heads
       a CTA) and the sequences cut into as many chunks as fit one CTA per SM (B8_L32768:
       2048 tokens, B1_L131072: 1008), merged by a second kernel.
@@ -198,7 +237,10 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     layer = whole[1]  # CTAs per chunk position with one warp per head
     uniform = total_tokens is None or total_tokens >= 0.9 * batch * max_len
     if uniform:
-        fits = [w for w in (4, 2, 1) if sms <= whole[w] <= 2 * sms]
+        if kind == "int4":
+            fits = [w for w in (4, 2, 1) if sms <= whole[w] <= 2 * sms]
+        else:
+            fits = [w for w in (1, 2, 4) if 0.9 * sms <= whole[w] <= 2 * sms]
         if fits:
             return max_len, fits[0]
         if whole[1] > 2 * sms:  # many sequences: one warp per head, several CTAs per SM
@@ -278,6 +320,7 @@ class CudaDecodePlan:
     qk_scale_log2: float
     part_o: torch.Tensor | None  # [B, Hq, max_chunks, D] float32 scratch (None: one chunk)
     part_lse: torch.Tensor | None
+    dependent_merge: bool = True  # the merge as a programmatic dependent launch (Hopper+)
 
     def run(self, q, k_cache, v_cache, block_tables, seq_lens, out=None) -> torch.Tensor:
         """Attention for these tensors (shaped, typed and placed as planned)."""
@@ -331,8 +374,9 @@ class CudaDecodePlan:
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _launch(self.decode, self.grid, self.threads, self.smem, args, stream)
         if self.merge is not None:
-            _launch(self.merge, (self.q_shape[1], self.q_shape[0], 1), self.merge_threads, 0,
-                    args, stream)
+            launch = _launch_dependent if self.dependent_merge else _launch
+            launch(self.merge, (self.q_shape[1], self.q_shape[0], 1), self.merge_threads, 0,
+                   args, stream)
         if target is not out:
             target.copy_(out)
         return target
@@ -367,7 +411,8 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
     defines = tuple(defines)
     if chunk_len is None and not any(d.startswith("WARPS_PER_HEAD=") for d in defines):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        chunk_len, warps = default_launch(batch, num_kv_heads, max_len, sms, total_tokens)
+        chunk_len, warps = default_launch(batch, num_kv_heads, max_len, sms, total_tokens,
+                                          "int4" if kind == "int4" else "fp8")
         if warps != WARPS_PER_HEAD:
             defines = (*defines, f"WARPS_PER_HEAD={warps}")
     elif chunk_len is None:
@@ -398,7 +443,8 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
         grid=(num_kv_heads // heads, max_chunks, batch), threads=32 * heads * warps_per_head,
         smem=ring * heads, merge_threads=32 * min(max_chunks, MAX_MERGE_WARPS),
         chunk_len=chunk_len, max_chunks=max_chunks, max_len=max_len, heads_per_cta=heads,
-        qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse)
+        qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse,
+        dependent_merge=torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,

@@ -14,7 +14,9 @@
 // * each warp copies its next STAGES - 1 tiles global -> shared with cp.async (a ring; no
 //   registers held, only __syncwarp between lanes), whole 128-byte token rows per instruction,
 //   with the block-table entries looked up 32 tiles ahead (one load per lane), so no copy
-//   waits on a table read;
+//   waits on a table read; the tiles are stored unpadded with their 16-byte chunks permuted
+//   (swizzled, below), so each 128-byte line copies as one L2 request and the fragment reads
+//   still spread over the banks;
 // * S = Q K^T is mma.sync m16n8k16 (float16 in, float32 accumulate) with the query heads of
 //   one KV head as rows (GROUP <= 8 of the 16 are real); O^T += V^T P^T has the channels as
 //   rows, so all 16 are real and P^T is the S accumulator as it stands;
@@ -28,7 +30,8 @@
 // Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
 // scales float32 (one per tensor, or one per token-head [num_blocks, block_size, Hkv]).
 // Long sequences are cut into chunks (blockIdx.y); each chunk writes a normalised partial
-// output and its log2-sum-exp, and fp8_merge combines them.
+// output and its log2-sum-exp, and fp8_merge combines them (launched on Hopper as a
+// programmatic dependent, so it starts without a launch gap).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,7 +47,13 @@
 #define MIN_BLOCKS 2  // __launch_bounds__'s CTAs (of MAX_WARPS warps) per SM: <= 128 registers
 #endif
 #ifndef L2_PREFETCH
-#define L2_PREFETCH 256  // cp.async's L2 prefetch size in bytes (0, 128 or 256)
+#define L2_PREFETCH 0  // cp.async's L2 prefetch size in bytes (0, 128 or 256): 256 costs
+                       // ~4 % on the H200 (benchmarks/h200/read_probe.json)
+#endif
+#ifndef INT4_L2_PREFETCH
+#define INT4_L2_PREFETCH 128  // the INT4 kernel's: a head's row is half a 128-byte line, the
+                              // other half its neighbour's; fetching the line whole is ~3 %
+                              // faster (cuda_fp8_probe.json)
 #endif
 #ifndef STAGES
 #define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
@@ -92,25 +101,37 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+template <int PREFETCH>
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
   // 16 bytes global -> shared without passing through registers; zeros when !valid.
-  // L2_PREFETCH 128 / 256: L2 fetches the whole 128 / 256-byte line around the address.
+  // PREFETCH 128 / 256: L2 fetches the whole 128 / 256-byte line around the address.
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-#if L2_PREFETCH == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst),
-               "l"(global), "r"(valid ? 16 : 0));
-#elif L2_PREFETCH == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst),
-               "l"(global), "r"(valid ? 16 : 0));
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
-               "r"(valid ? 16 : 0));
-#endif
+  if constexpr (PREFETCH == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst),
+                 "l"(global), "r"(valid ? 16 : 0));
+  else if constexpr (PREFETCH == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst),
+                 "l"(global), "r"(valid ? 16 : 0));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
+                 "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global),
                "r"(valid ? 4 : 0));
+}
+// Programmatic dependent launch (sm_90+; no-ops before): the decode kernel lets the merge
+// kernel's launch begin as soon as all its CTAs are running; the merge waits for its data.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void dependent_launch_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -143,18 +164,41 @@ struct Args {
   float qk_scale_log2;        // softmax scale * log2(e)
 };
 
-// One warp's stage of the shared-memory ring: a 16-token tile of K and V codes, rows padded
-// by 16 bytes (so the fragment reads below hit 32 different banks), and the token-head scales.
+// Where logical byte `at` of a tile (rows of ROW bytes, one after another) lives in shared
+// memory: the 16-byte chunks of each 128-byte line are permuted, chunk c of line n at
+// c ^ (n % 8). Two reasons (benchmarks/h200/read_probe.json, measured on the H200):
+// * every 128-byte line of the cache lands in one 128-byte line of shared memory. Rows padded
+//   to D + 16 bytes (the usual way to spread rows over the banks) split each line's copy in
+//   two: the L2 then served ~2.7 requests per line instead of 1, and the same reads ran at
+//   89 % of copy bandwidth instead of 94 %;
+// * the fragment reads below still hit different banks: for K, rows 8j + g of neighbouring
+//   g differ in bit 0 of n; for V, rows 2t + ... of t = 0..3 differ in bits 1-2
+//   (tests/kernels/test_cuda_fp8_host.py counts the bank conflicts of every format and D).
+__device__ __forceinline__ int swizzled(int at) { return at ^ (((at >> 7) & 7) << 4); }
+
+// One warp's stage of the shared-memory ring: a 16-token tile of K and V codes (swizzled, no
+// padding: every array starts 128-byte aligned) and the token-head scales.
 template <int D>
 struct Stage {
-  static constexpr int ROW = D + 16;
+  static constexpr int ROW = D;  // bytes a row
   uint8_t k[TILE * ROW];
   uint8_t v[TILE * ROW];
   float ks[TILE], vs[TILE];
 };
 // (cuda_fp8.py's shared_bytes mirrors this size; the merge of a head's warps reuses the ring)
-static_assert(sizeof(Stage<128>) == 2 * TILE * (128 + 16) + 2 * TILE * 4, "Stage size");
+static_assert(sizeof(Stage<128>) == 2 * TILE * 128 + 2 * TILE * 4, "Stage size");
+static_assert(sizeof(Stage<64>) % 128 == 0, "each stage keeps the next one 128-byte aligned");
 static_assert(2 * sizeof(Stage<64>) >= MAX_GROUP * (64 + 4) * 4, "merge space per warp");
+
+// 16 bytes of row `row` (at byte `at` of it) of both K and V: from global memory into the
+// swizzled stage tiles (zeros when !ok).
+template <int ROW, int PREFETCH>
+__device__ __forceinline__ void copy_kv_16(uint8_t* k_tile, uint8_t* v_tile, int row, int at,
+                                           const uint8_t* k_src, long long v_minus_k, bool ok) {
+  const int to = swizzled(row * ROW + at);
+  cp_async_16<PREFETCH>(k_tile + to, k_src, ok);
+  cp_async_16<PREFETCH>(v_tile + to, k_src + v_minus_k, ok);
+}
 
 // Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: each instruction copies
 // whole token rows (D / 16 lanes of 16 bytes per row: full 128-byte lines for D = 128, which
@@ -180,8 +224,7 @@ __device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uin
       const long long b = ok ? table[tok >> a.block_shift] : 0;
       k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
     }
-    cp_async_16(st.k + row * Stage<D>::ROW + piece * 16, k_src, ok);
-    cp_async_16(st.v + row * Stage<D>::ROW + piece * 16, k_src + v_minus_k, ok);
+    copy_kv_16<Stage<D>::ROW, L2_PREFETCH>(st.k, st.v, row, piece * 16, k_src, v_minus_k, ok);
   }
   if constexpr (TOKEN_SCALE) {
     const int row = lane % TILE, tok = t0 + row;
@@ -194,20 +237,21 @@ __device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uin
 }
 
 template <int NWORDS>
-__device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_t* src) {
-  // NWORDS 32-bit words of shared memory (16-byte aligned; 8 when NWORDS == 2, 4 when 1)
+__device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_t* tile, int at) {
+  // NWORDS 32-bit words from logical byte `at` of a swizzled tile (`at` 16-byte aligned; 8
+  // when NWORDS == 2, 4 when 1): 16 bytes at a time, each chunk from where swizzled puts it
   if constexpr (NWORDS % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < NWORDS; i += 4) {
-      const uint4 w = reinterpret_cast<const uint4*>(src)[i / 4];
+      const uint4 w = *reinterpret_cast<const uint4*>(tile + swizzled(at + 4 * i));
       dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
     }
   } else if constexpr (NWORDS == 2) {
-    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    const uint2 w = *reinterpret_cast<const uint2*>(tile + swizzled(at));
     dst[0] = w.x; dst[1] = w.y;
   } else {
     static_assert(NWORDS == 1, "1, 2 or a multiple of 4 words");
-    dst[0] = *reinterpret_cast<const uint32_t*>(src);
+    dst[0] = *reinterpret_cast<const uint32_t*>(tile + swizzled(at));
   }
 }
 
@@ -392,7 +436,7 @@ __device__ void fp8_decode(const Args& a) {
   if (w.idle()) return;
   const int kv_head = w.kv_head, b = w.b, start = w.start, end = w.end;
 
-  extern __shared__ __align__(16) uint8_t smem[];  // STAGES tiles per warp, then reused
+  extern __shared__ __align__(128) uint8_t smem[];  // STAGES tiles per warp, then reused
   Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
 
   // Q as A fragments (row g = query head kv_head * group + g; rows >= group and 8..15 are 0).
@@ -442,10 +486,10 @@ __device__ void fp8_decode(const Args& a) {
     const int t0 = w.first + i * w.step;
     uint32_t kw[2][D / 16], vw[4][VWORDS];  // this thread's fragment bytes (see the header)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * Stage<D>::ROW + t * (D / 4));
+    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * Stage<D>::ROW + t * (D / 4));
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
+      read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
     // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
     float c[2][4] = {};
@@ -544,11 +588,14 @@ __device__ void fp8_decode(const Args& a) {
 
 template <int D>
 struct Int4Stage {
-  static constexpr int ROW = D / 2 + 16;  // padded: V's fragment reads hit 32 banks
+  static constexpr int ROW = D / 2;  // bytes a row (swizzled as Stage's)
   uint8_t k[TILE * ROW];
   uint8_t v[TILE * ROW];
   uint32_t ks[TILE], kz[TILE], vs[TILE], vz[TILE];  // float16 pairs: (low half, high half)
 };
+static_assert(sizeof(Int4Stage<64>) % 128 == 0, "each stage keeps the next one 128-byte aligned");
+static_assert(2 * sizeof(Int4Stage<128>) >= MAX_GROUP * (128 + 4) * 4 &&
+                  2 * sizeof(Int4Stage<256>) >= MAX_GROUP * (256 + 4) * 4, "merge space per warp");
 
 // As copy_tile, for D / 2 bytes a row and the four (scale, zero) pairs of each token.
 template <int D>
@@ -570,8 +617,7 @@ __device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const Args& a,
       const long long b = ok ? table[tok >> a.block_shift] : 0;
       k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
     }
-    cp_async_16(st.k + row * ROW + piece * 16, k_src, ok);
-    cp_async_16(st.v + row * ROW + piece * 16, k_src + v_minus_k, ok);
+    copy_kv_16<ROW, INT4_L2_PREFETCH>(st.k, st.v, row, piece * 16, k_src, v_minus_k, ok);
   }
   const int row = lane % TILE, tok = t0 + row;
   const bool ok = tok < end;
@@ -609,7 +655,7 @@ __device__ void int4_decode(const Args& a) {
   if (w.idle()) return;
   const int kv_head = w.kv_head, b = w.b, start = w.start, end = w.end;
 
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
   Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
 
   // Q as A fragments. K-step (h, w), h = 0 for the low nibbles (channels < D/2), 1 for the
@@ -669,10 +715,10 @@ __device__ void int4_decode(const Args& a) {
     const int t0 = w.first + i * w.step;
     uint32_t kw[2][KW], vw[4][VW];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k + (8 * j + g) * ROW + t * (D / 8));
+    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * ROW + t * (D / 8));
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      read_words(vw[j], st.v + (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16));
+      read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16));
 
     // S: per half, Q . codes / 2^24 (2^20) for tokens t0 + 8 j + (2t, 2t+1)
     float c[2][2][4] = {};
@@ -780,6 +826,10 @@ __device__ void int4_decode(const Args& a) {
 template <typename T, int D>
 __device__ void fp8_merge(const Args& a) {
   constexpr int PER_LANE = D / 32;
+  // Launched as a programmatic dependent of the decode kernel (Hopper+, cuda_fp8.py): this
+  // CTA may start while the decode kernel still runs; wait here until it has finished and
+  // its partials are visible. (A plain launch passes straight through.)
+  dependent_launch_wait();
   const int qh = blockIdx.x, b = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
   const int n_chunks = (min(a.seq_lens[b], a.max_len) + a.chunk_len - 1) / a.chunk_len;
@@ -826,6 +876,7 @@ __device__ void fp8_merge(const Args& a) {
 #define DECODE(NAME, T, D, TOKEN)                                                        \
   extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
       NAME(const Args a) {                                                                 \
+    allow_dependent_launch();                                                              \
     fp8_decode<T, D, TOKEN>(a);                                                          \
   }
 #define MERGE(NAME, T, D) \
@@ -833,6 +884,7 @@ __device__ void fp8_merge(const Args& a) {
 #define INT4(NAME, T, D)                                                                 \
   extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
       NAME(const Args a) {                                                                 \
+    allow_dependent_launch();                                                              \
     int4_decode<T, D>(a);                                                                  \
   }
 #define ALL(TN, T, D)                                   \

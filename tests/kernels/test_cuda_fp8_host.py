@@ -5,6 +5,7 @@ instructions it was written for and that the ctypes argument struct matches the 
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_unavailable_without_a_gpu():
 
 
 @pytest.mark.parametrize("batch, heads, max_len, total, want", [
-    (64, 8, 4096, None, (4096, 4)),         # whole sequences, 4 warps a head: 256 CTAs
+    (64, 8, 4096, None, (4096, 2)),         # whole sequences, 2 warps a head: 128 CTAs
     (256, 8, 1024, None, (1024, 1)),        # whole sequences, 8 heads a CTA: 256 CTAs
     (8, 8, 32768, 8 * 32768, (2048, 1)),    # 16 chunks x 8 sequences: one CTA per SM
     (1, 8, 131072, None, (1008, 1)),        # 131 chunks
@@ -70,6 +71,19 @@ def test_unavailable_without_a_gpu():
 ])
 def test_default_launch(batch, heads, max_len, total, want):
     assert cuda_fp8.default_launch(batch, heads, max_len, sms=132, total_tokens=total) == want
+
+
+@pytest.mark.parametrize("batch, max_len, want_fp8, want_int4", [
+    (64, 4096, (4096, 2), (4096, 4)),     # FP8: 4 heads a CTA, 128 CTAs; INT4: 256 CTAs
+    (32, 4096, (4096, 4), (1024, 1)),     # FP8: 128 CTAs with 4 warps a head; INT4 (which
+                                          # wants >= 1 CTA per SM): 4 chunks of 1024
+    (256, 1024, (1024, 1), (1024, 1)),    # 256 CTAs with 8 heads a CTA
+])
+def test_default_launch_by_format(batch, max_len, want_fp8, want_int4):
+    """FP8 takes the most heads a CTA that still fill the SMs; INT4 the most CTAs."""
+    launch = functools.partial(cuda_fp8.default_launch, batch, 8, max_len, 132)
+    assert launch(kind="fp8") == want_fp8
+    assert launch(kind="int4") == want_int4
 
 
 @needs_nvcc
@@ -110,3 +124,101 @@ def test_ctypes_struct_matches_the_c_struct(tmp_path):
                                              text=True).stdout.split())
     assert size == ctypes.sizeof(cuda_fp8._Args)
     assert offsets == [getattr(cuda_fp8._Args, f).offset for f in fields]
+
+
+# --- the swizzled shared-memory tiles ------------------------------------------------------
+# The .cu's swizzled(): chunk c of 128-byte line n of a tile lives at chunk c ^ (n % 8).
+SWIZZLE_SOURCE = "return at ^ (((at >> 7) & 7) << 4);"
+
+
+def swizzled(at: int) -> int:
+    return at ^ (((at >> 7) & 7) << 4)
+
+
+def wavefronts(addresses: list[int], size: int) -> int:
+    """Shared-memory wavefronts of one warp-wide load of ``size`` bytes a lane (32 banks of 4
+    bytes; 16-byte loads are served 8 lanes at a time, 8-byte ones 16, 4-byte ones 32): per
+    group of lanes, the most distinct 4-byte words that fall in one bank."""
+    per_group = {4: 32, 8: 16, 16: 8}[size]
+    total = 0
+    for first in range(0, 32, per_group):
+        banks: dict[int, set[int]] = {}
+        for at in addresses[first:first + per_group]:
+            for word in range(at // 4, (at + size) // 4):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(len(words) for words in banks.values())
+    return total
+
+
+def fragment_reads(kind: str, head_dim: int):
+    """(size, [logical byte of lane 0..31]) of each shared-memory load of a tile step, as the
+    kernels' read_words calls make them: K rows 8j + g at t * (bytes a thread reads), V rows
+    2t + (j & 1) + 8 (j >> 1) at g * (...); loads of 16 bytes at most."""
+    row = head_dim if kind == "fp8" else head_dim // 2
+    k_bytes, v_bytes = (head_dim // 4, head_dim // 8) if kind == "fp8" else (
+        head_dim // 8, head_dim // 16)
+    reads = []
+    for j in range(2):
+        for piece in range(0, k_bytes, 16):
+            reads.append((min(k_bytes, 16), [(8 * j + lane // 4) * row + lane % 4 * k_bytes
+                                              + piece for lane in range(32)]))
+    for j in range(4):
+        for piece in range(0, v_bytes, 16):
+            reads.append((min(v_bytes, 16), [(2 * (lane % 4) + (j & 1) + 8 * (j >> 1)) * row
+                                              + lane // 4 * v_bytes + piece for lane in range(32)]))
+    return row, reads
+
+
+def test_swizzle_is_the_kernels():
+    assert SWIZZLE_SOURCE in cuda_fp8.SOURCE.read_text()
+
+
+def test_swizzle_keeps_each_line_whole():
+    """Every 128-byte line of a tile (a line of the cache, copied by one instruction) stays one
+    line of shared memory, its 16-byte chunks only permuted: the copies stay line-aligned."""
+    for line in range(64):
+        chunks = sorted(swizzled(128 * line + 16 * c) for c in range(8))
+        assert chunks == [128 * line + 16 * c for c in range(8)]
+        assert all(swizzled(128 * line + 16 * c + b) == swizzled(128 * line + 16 * c) + b
+                   for c in range(8) for b in range(16))
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int4"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_swizzled_reads_conflict_no_more_than_padded_rows(kind, head_dim):
+    """The fragment reads cost no more shared-memory wavefronts than with rows padded by 16
+    bytes (the layout before), and the unswizzled, unpadded layout (the planted mistake)
+    costs more where it matters (FP8 / INT4 head_dim 128 and 256)."""
+    row, reads = fragment_reads(kind, head_dim)
+    swz = sum(wavefronts([swizzled(a) for a in addrs], size) for size, addrs in reads)
+    padded = sum(wavefronts([a // row * (row + 16) + a % row for a in addrs], size)
+                 for size, addrs in reads)
+    plain = sum(wavefronts(addrs, size) for size, addrs in reads)
+    assert swz <= padded
+    if row >= 64:
+        assert plain > swz
+    if (kind, head_dim) in (("fp8", 128), ("int4", 256)):  # 128-byte rows: no conflict at all
+        assert swz == sum(size // 4 for size, _ in reads)
+
+
+@needs_nvcc
+def test_ctypes_launch_config_matches_cuda_h(tmp_path):
+    """``cuLaunchKernelEx``'s config and attribute structs as cuda.h lays them out."""
+    cfg, attr = cuda_fp8._LaunchConfig, cuda_fp8._LaunchAttribute
+    fields = ["gridDimX", "sharedMemBytes", "hStream", "attrs", "numAttrs"]
+    probe = tmp_path / "config.cu"
+    probe.write_text(
+        "#include <cuda.h>\n#include <cstdio>\n#include <cstddef>\nint main() {\n"
+        '  printf("%zu %zu %zu %d", sizeof(CUlaunchConfig), sizeof(CUlaunchAttribute),\n'
+        "         offsetof(CUlaunchAttribute, value),\n"
+        "         (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);\n"
+        + "".join(f'  printf(" %zu", offsetof(CUlaunchConfig, {f}));\n' for f in fields) + "}\n")
+    exe = tmp_path / "config"
+    subprocess.run([cuda_fp8.nvcc_path(), "-o", exe, probe], check=True, capture_output=True)
+    size, attr_size, value_at, attr_id, *offsets = map(int, subprocess.run(
+        [exe], check=True, capture_output=True, text=True).stdout.split())
+    assert (size, attr_size, value_at) == (ctypes.sizeof(cfg), ctypes.sizeof(attr),
+                                           attr.value.offset)
+    assert attr_id == cuda_fp8.PROGRAMMATIC_STREAM_SERIALIZATION
+    assert offsets == [getattr(cfg, f).offset for f in (
+        "grid_x", "shared_bytes", "stream", "attrs", "num_attrs")]

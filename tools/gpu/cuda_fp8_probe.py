@@ -2,15 +2,18 @@
 bench case (FP8 per tensor and per token-head, INT4; q bf16) checked against the float64
 answer, then timed (planned once, ``plan.run`` timed) next to the Triton kernel
 ``paged_attention`` runs, with a sweep of tokens per CTA (``chunk_len``; ``whole``: whole
-sequences), ring stages and the .cu's tuning macros (environment variables ``CHUNKS``,
+sequences), ring stages and the .cu's tuning macros (environment variables ``CASES``, ``CHUNKS``,
 ``STAGES``, ``DEFINES``, ``FORMATS``: e.g. ``DEFINES=,WARPS_PER_HEAD=2+L2_PREFETCH=128``;
-token-head scales run the first stages / defines only). Writes ``$OUT/cuda_fp8_probe.json``.
+token-head scales run the first stages / defines only; a default launch with a merge kernel
+also runs with the merge launched plainly, not as a programmatic dependent). Writes
+``$OUT/cuda_fp8_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/cuda_fp8_probe.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from pathlib import Path
@@ -25,7 +28,7 @@ from paged_ref.course.testing import make_paged_inputs
 from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
-LARGE = ("B64_L4096", "B8_L32768", "B1_L131072", "B256_L1024", "B32_ragged")
+LARGE = os.environ.get("CASES", "B64_L4096,B8_L32768,B1_L131072,B256_L1024,B32_ragged").split(",")
 # The sweep: tokens per CTA (None: the default), ring stages, other macros of the .cu file.
 # fp8_token_head runs the first stages / defines only. ("none" in $CHUNKS is the default.)
 CHUNKS = [None if c == "none" else c if c == "whole" else int(c)
@@ -59,6 +62,11 @@ def main() -> None:
                                      defines=defines)
                 runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
                     lambda p=plan, a=args, o=out: p.run(*a, out=o))
+                if plan.merge is not None and plan.dependent_merge and chunk is None:
+                    plain = dataclasses.replace(plan, dependent_merge=False)
+                    runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}"
+                            ",plain merge launch]"] = (
+                        lambda p=plain, a=args, o=out: p.run(*a, out=o))
             for label, fn in runners.items():
                 err = relative_error(fn().float(), ref)
                 ms = time_ms(fn)

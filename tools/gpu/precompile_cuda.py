@@ -23,8 +23,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
+    parser.add_argument("--stages", default="3", help="ring stages, e.g. 3,4 (for the probe)")
     args = parser.parse_args()
-    jobs = [(3, d, None) for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))]
+    jobs = [(int(n), d, None) for n in args.stages.split(",")
+            for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))]
     if args.mutants:
         spec = importlib.util.spec_from_file_location(
             "gpu_tests", ROOT / "tests" / "test_gpu_cuda_fp8.py")
