@@ -6,6 +6,8 @@ It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.pl
 * ``"torch"``        gather through the block table, then dense attention (the reference);
 * ``"triton"``       one-pass Triton paged decode kernel;
 * ``"triton_split"`` split-KV Triton kernel + log-sum-exp merge;
+* ``"cuda"``         the hand-written CUDA kernels for FP8 / INT4 caches
+                     (:mod:`paged_ref.kernels.cuda_fp8`; a GPU with nvcc);
 * ``"auto"``         the fastest valid backend for the inputs and the device.
 
 With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made
@@ -21,7 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from paged_ref.plan import BACKENDS, DecodePlan, check_against_plan, dispatch, make_plan
+from paged_ref.plan import (
+    BACKENDS,
+    DecodePlan,
+    check_against_plan,
+    cuda_refusal_for,
+    dispatch,
+    make_plan,
+)
 from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import paged_attention_torch
 from paged_ref.validation import (
@@ -39,12 +48,19 @@ __all__ = ["BACKENDS", "checked_while_running", "choose_backend", "paged_attenti
 
 def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
     """What ``backend="auto"`` runs for these inputs (see :func:`paged_ref.plan.dispatch`)."""
-    return dispatch("auto", q.device, batch=q.shape[0], num_kv_heads=k_cache.shape[2],
-                    max_len=lengths.max_len, total_tokens=lengths.total_tokens)[0]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    refusal = cuda_refusal_for("auto", getattr(k_cache, "format", None), q.dtype, q.device,
+                               head_dim=head_dim, group=q.shape[1] // num_kv_heads,
+                               block_size=block_size)
+    return dispatch("auto", q.device, batch=q.shape[0], num_kv_heads=num_kv_heads,
+                    max_len=lengths.max_len, total_tokens=lengths.total_tokens,
+                    cuda_refusal=refusal)[0]
 
 
 def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=None):
     """Run a plan on inputs already checked against it (no value is read back)."""
+    if plan.backend == "cuda":
+        return plan.cuda.run(q, k_cache, v_cache, block_tables, seq_lens, out)
     if plan.backend == "torch":
         result = paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
                                        scale=plan.scale, max_len=plan.max_seq_len)
@@ -78,7 +94,8 @@ def checked_while_running(backend: str, shapes: Shapes, q, k_cache, v_cache, blo
     pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
     capacity = shapes.max_blocks_per_seq * shapes.block_size
     plan = make_plan(backend, shapes, q.dtype, q.device, max_len=capacity,
-                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale)
+                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale,
+                     kv_format=getattr(k_cache, "format", None))
     result = run_plan(plan, q, k_cache, v_cache, block_tables, pending.checked_lens, out)
     lengths_from_stats(pending.stats(), block_tables, seq_lens, shapes)
     return result
@@ -108,7 +125,8 @@ def paged_attention(
     seq_lens     [batch] int32 (any strides); table entries past ceil(seq_lens[b] / block_size)
                  are ignored
     scale        softmax scale, default head_dim ** -0.5; abs(scale) <= 1e4
-    backend      "auto" (default), "torch", "triton", "triton_split"
+    backend      "auto" (default), "torch", "triton", "triton_split", "cuda" ("auto" runs
+                 "cuda" on FP8 / INT4 caches where those kernels read the call)
     plan         from :func:`paged_ref.plan_decode`: the values were checked and the backend,
                  split and scratch fixed there; this call then checks shapes only, reads no
                  tensor value back and is CUDA-graph capturable (``scale``/``backend`` come
@@ -150,7 +168,7 @@ def paged_attention(
         lengths = check_values(block_tables, seq_lens, shapes)
         plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
                          total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
-                         scale=scale)
+                         scale=scale, kv_format=getattr(k_cache, "format", None))
     if out is not None:
         check_out(out, q)
     if plan.backend != "torch":

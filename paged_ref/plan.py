@@ -31,16 +31,18 @@ from paged_ref import _device
 from paged_ref.cache_math import cdiv
 from paged_ref.validation import CACHE_DTYPES, Shapes, check_scale
 
-BACKENDS = ("auto", "torch", "triton", "triton_split")
+BACKENDS = ("auto", "torch", "triton", "triton_split", "cuda")
 
 
 @dataclass(frozen=True)
 class DecodePlan:
     """What a planned call runs, and the buffers it writes.
 
-    ``backend`` is the kernel that runs: ``"torch"``, ``"triton"`` (one pass) or
+    ``backend`` is the kernel that runs: ``"torch"``, ``"triton"`` (one pass),
     ``"triton_split"`` (``split`` chunks; a one-chunk split is the one-pass kernel, so it is
-    ``"triton"`` here). Lengths up to ``max_seq_len`` are covered.
+    ``"triton"`` here) or ``"cuda"`` (the hand-written FP8 / INT4 kernels, ``cuda`` their
+    :class:`~paged_ref.kernels.cuda_fp8.CudaDecodePlan`, for the cache format ``kv_format``).
+    Lengths up to ``max_seq_len`` are covered.
     """
 
     backend: str
@@ -55,11 +57,13 @@ class DecodePlan:
     scale: float | None
     split: object | None = None  # kernels.triton_split.SplitPlan
     scratch: object | None = None  # kernels.triton_split.SplitScratch
+    kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
+    cuda: object | None = None  # kernels.cuda_fp8.CudaDecodePlan (backend "cuda")
 
 
 def check_backend_usable(backend: str, device: torch.device) -> None:
     """A Triton backend needs triton installed and tensors where the kernels run."""
-    if backend in ("torch", "auto"):
+    if backend in ("torch", "auto", "cuda"):
         return
     if not _device.HAS_TRITON:
         raise RuntimeError(
@@ -76,18 +80,30 @@ def check_backend_usable(backend: str, device: torch.device) -> None:
 
 
 def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: int,
-             max_len: int, total_tokens: int, max_seq_len: int | None = None):
+             max_len: int, total_tokens: int, max_seq_len: int | None = None,
+             cuda_refusal: str | None = "the cache is not quantised"):
     """The one decision: ``(backend that runs, SplitPlan or None)``.
 
     ``"auto"`` is ``"torch"`` off the GPU (the interpreter is for learning, not speed); on a
-    GPU it is the split kernel when :func:`~paged_ref.kernels.triton_split.plan_split` cuts the
-    longest sequence into more than one chunk, else the one-pass kernel. The split's chunk size
-    comes from the current lengths; its chunk count covers ``max_seq_len`` (default
-    ``max_len``), so lengths may grow up to it (CUDA graph replays).
+    GPU it is the hand-written CUDA kernels when they read the call (``cuda_refusal`` is
+    ``None``: an FP8 or INT4 cache on a GPU with nvcc, see
+    :func:`~paged_ref.kernels.cuda_fp8.cuda_refusal`), else the split kernel when
+    :func:`~paged_ref.kernels.triton_split.plan_split` cuts the longest sequence into more than
+    one chunk, else the one-pass kernel. The split's chunk size comes from the current lengths;
+    its chunk count covers ``max_seq_len`` (default ``max_len``), so lengths may grow up to it
+    (CUDA graph replays). ``"cuda"`` asked for where they do not read the call: ValueError
+    with ``cuda_refusal``.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cuda":
+        if cuda_refusal is not None:
+            raise ValueError("backend='cuda' runs the hand-written CUDA kernels, and "
+                             f"{cuda_refusal}")
+        return "cuda", None
     check_backend_usable(backend, device)
+    if backend == "auto" and cuda_refusal is None:
+        return "cuda", None
     if backend == "torch" or (backend == "auto" and (
             device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET)):
         return "torch", None
@@ -108,12 +124,43 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
                                      eager_fused_merge=split.eager_fused_merge)
 
 
+def cuda_refusal_for(backend: str, kv_format, dtype: torch.dtype, device: torch.device, *,
+                     head_dim: int, group: int, block_size: int) -> str | None:
+    """Why the CUDA kernels would not run this call (``None``: they would), asked only for
+    ``"auto"`` and ``"cuda"`` on quantised caches on a GPU (nothing is compiled or imported
+    from them otherwise)."""
+    if kv_format is None:
+        return "the cache is not quantised"
+    if backend not in ("auto", "cuda"):
+        return f"backend={backend!r}"
+    if torch.device(device).type != "cuda":
+        return "they run on a CUDA GPU only"
+    from paged_ref.kernels.cuda_fp8 import cuda_refusal
+
+    return cuda_refusal(kv_format, dtype, device, head_dim=head_dim, group=group,
+                        block_size=block_size)
+
+
 def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.device, *,
-              max_len: int, total_tokens: int, max_seq_len: int, scale: float | None
-              ) -> DecodePlan:
-    """:func:`dispatch`, then the split's scratch buffers: a plan for checked sizes."""
+              max_len: int, total_tokens: int, max_seq_len: int, scale: float | None,
+              kv_format=None) -> DecodePlan:
+    """:func:`dispatch`, then the split's scratch buffers (or the CUDA kernels' plan): a plan
+    for checked sizes. ``kv_format``: the caches' :class:`~paged_ref.KVFormat` (None: plain)."""
+    refusal = cuda_refusal_for(backend, kv_format, dtype, device, head_dim=shapes.head_dim,
+                               group=shapes.num_q_heads // shapes.num_kv_heads,
+                               block_size=shapes.block_size)
     ran, split = dispatch(backend, device, batch=shapes.batch, num_kv_heads=shapes.num_kv_heads,
-                          max_len=max_len, total_tokens=total_tokens, max_seq_len=max_seq_len)
+                          max_len=max_len, total_tokens=total_tokens, max_seq_len=max_seq_len,
+                          cuda_refusal=refusal)
+    if ran == "cuda":
+        from paged_ref.kernels.cuda_fp8 import plan_cuda_for
+
+        cuda = plan_cuda_for((shapes.batch, shapes.num_q_heads, shapes.head_dim),
+                             shapes.block_size, shapes.num_kv_heads, dtype, device, kv_format,
+                             max_len=max_seq_len, total_tokens=total_tokens, scale=scale)
+        return DecodePlan(ran, shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
+                          shapes.head_dim, shapes.block_size, dtype, device, max_seq_len, scale,
+                          kv_format=kv_format, cuda=cuda)
     scratch = None
     if split is not None:
         from paged_ref.kernels.triton_split import SplitScratch
@@ -122,7 +169,7 @@ def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.de
                                         shapes.head_dim, split, device)
     return DecodePlan(ran, shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
                       shapes.head_dim, shapes.block_size, dtype, device, max_seq_len, scale,
-                      split, scratch)
+                      split, scratch, kv_format)
 
 
 def _positive_int(name: str, value) -> int:
@@ -162,6 +209,7 @@ def plan_decode(
     max_seq_len: int | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    kv_format=None,
 ) -> DecodePlan:
     """Plan decode attention for a batch whose lengths the caller has on the host.
 
@@ -173,7 +221,12 @@ def plan_decode(
     max_seq_len  the longest length any planned call may see (default ``max(seq_lens)``);
                  give the bound when lengths grow between CUDA graph replays
     scale        softmax scale, default ``head_dim ** -0.5`` (``abs(scale) <= 1e4``)
-    backend      ``"auto"`` (default), ``"torch"``, ``"triton"`` or ``"triton_split"``
+    backend      ``"auto"`` (default), ``"torch"``, ``"triton"``, ``"triton_split"`` or
+                 ``"cuda"`` (the hand-written FP8 / INT4 kernels)
+    kv_format    the caches' :class:`~paged_ref.KVFormat` or its name (``"fp8"``, ``"int4"``,
+                 ...) when they are quantised: ``"auto"`` then runs the CUDA kernels where
+                 they read the call (a GPU with nvcc), else Triton; calls must pass caches of
+                 that format
 
     Checks every value here, once: TypeError for bad types, ValueError for bad values (named).
     Returns a :class:`DecodePlan` for ``paged_attention(..., plan=plan)``, which then reads
@@ -206,8 +259,12 @@ def plan_decode(
     shapes = Shapes(len(lens), sizes["num_q_heads"], sizes["num_kv_heads"], sizes["head_dim"],
                     num_blocks=-1, block_size=sizes["block_size"],
                     max_blocks_per_seq=cdiv(max_seq_len, block_size))
+    if kv_format is not None:
+        from paged_ref.quant import KVFormat
+
+        kv_format = KVFormat.parse(kv_format)
     return make_plan(backend, shapes, dtype, device, max_len=longest, total_tokens=sum(lens),
-                     max_seq_len=max_seq_len, scale=scale)
+                     max_seq_len=max_seq_len, scale=scale, kv_format=kv_format)
 
 
 def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor) -> None:

@@ -165,3 +165,71 @@ def test_dependent_merge_launch_matches_a_plain_one():
         outs.append(p.run(*inp.args()))
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0], inp.reference(), name="dependent merge")
+
+
+# --- the CUDA kernels behind paged_attention(backend="auto"), plans and the engine ---------
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
+def test_auto_runs_the_cuda_kernels_on_quantised_caches(fmt):
+    import paged_ref
+    from paged_ref.attention import choose_backend
+    from paged_ref.validation import Lengths
+
+    lens = ragged_lengths(9, 1, 3000, seed=2)
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=2,
+                            poison="nan").quantized(fmt)
+    assert choose_backend(inp.q, inp.k_cache, Lengths(max(lens), sum(lens))) == "cuda"
+    assert_close(paged_ref.paged_attention(*inp.args()), inp.reference(), name=f"auto {fmt}")
+    assert_close(paged_ref.paged_attention(*inp.args(), backend="cuda"), inp.reference(),
+                 name=f"cuda {fmt}")
+    # what the CUDA kernels do not read stays with Triton
+    g64 = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=2).quantized("int4_g64")
+    assert choose_backend(g64.q, g64.k_cache, Lengths(max(lens), sum(lens))) != "cuda"
+    with pytest.raises(ValueError, match="hand-written CUDA kernels, and they read"):
+        paged_ref.paged_attention(*g64.args(), backend="cuda")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_plans_for_quantised_formats_run_the_cuda_kernels(fmt):
+    """(tests/test_gpu_quant.py replays such plans in CUDA graphs)"""
+    import paged_ref
+
+    lens = [300, 4000, 17]
+    inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=3).quantized(fmt)
+    plan = paged_ref.plan_decode(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 block_size=16, dtype=torch.bfloat16, device="cuda",
+                                 kv_format=fmt)
+    assert plan.backend == "cuda" and plan.cuda is not None
+    assert_close(paged_ref.paged_attention(*inp.args(), plan=plan), inp.reference(),
+                 name=f"{fmt} planned")
+    plain = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                              dtype=torch.bfloat16, device="cuda", seed=3)
+    with pytest.raises(ValueError, match="not a fp8 cache|not a int4 cache"):
+        paged_ref.paged_attention(*plain.args(), plan=plan)
+
+
+def test_engine_decodes_fp8_caches_with_the_cuda_kernels(monkeypatch):
+    """The engine's decode steps (CUDA graphs) run the CUDA kernels on an FP8 cache, and give
+    the tokens the Triton kernels give."""
+    pytest.importorskip("transformers")
+    from paged_ref.course.bench_engine import build_model, workload
+    from paged_ref.engine import Engine
+    from paged_ref.kernels import cuda_fp8
+
+    model = build_model("smollm2-135m", dtype=torch.bfloat16)
+    prompts, outputs = workload(6, model.config.vocab_size, seed=4, prompt_mean=40,
+                                output_mean=24, max_len=120)
+    calls = []
+    run = cuda_fp8.CudaDecodePlan.run
+    monkeypatch.setattr(cuda_fp8.CudaDecodePlan, "run",
+                        lambda self, *a, **k: calls.append(1) or run(self, *a, **k))
+    ours = Engine(model, num_blocks=256, kv_format="fp8").generate(prompts, outputs,
+                                                                  ignore_eos=True)
+    assert calls, "the engine did not run the CUDA kernels"
+    triton = Engine(model, num_blocks=256, kv_format="fp8", attention_backend="triton").generate(
+        prompts, outputs, ignore_eos=True)
+    first = [a[:4] == b[:4] for a, b in zip(ours, triton, strict=True)]
+    assert all(first), "the first tokens differ between the CUDA and the Triton kernels"

@@ -47,12 +47,17 @@ def test_gpu_quantised_split_any_chunking(num_chunks, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["fp8_token_head", "int4"])
-def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt):
+@pytest.mark.parametrize("planned_for_format", [False, True])
+def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt, planned_for_format):
+    """A plan without ``kv_format`` runs Triton; with it, the CUDA kernels where this machine
+    builds them (tests/test_gpu_cuda_fp8.py checks which); both replay in a CUDA graph with
+    new queries and shorter lengths."""
     lens = [300, 4000, 17]
     inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=3).quantized(fmt)
     plan = paged_ref.plan_decode(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
-                                 block_size=16, dtype=torch.bfloat16, device="cuda")
+                                 block_size=16, dtype=torch.bfloat16, device="cuda",
+                                 kv_format=fmt if planned_for_format else None)
     out = torch.empty_like(inp.q)
     paged_ref.paged_attention(*inp.args(), plan=plan, out=out)  # compile outside the capture
     torch.cuda.synchronize()
@@ -60,6 +65,7 @@ def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt):
     with torch.cuda.graph(graph):
         paged_ref.paged_attention(*inp.args(), plan=plan, out=out)
     inp.q.copy_(torch.randn_like(inp.q))
+    inp.seq_lens.copy_(torch.tensor([299, 3990, 1], dtype=inp.seq_lens.dtype))
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, inp.reference(), name=f"{fmt} graph replay")

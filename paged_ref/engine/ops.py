@@ -93,12 +93,13 @@ def plan_decode(seq_lens_host: Sequence[int], k_cache: torch.Tensor, *, dtype: t
                 num_q_heads: int, scale: float, backend: str, max_seq_len: int | None = None):
     """Host-side plan for a decode step from the lengths known on the host. A plan made with
     ``max_seq_len`` serves any lengths up to it (what CUDA graph replays need). ``dtype`` is
-    q's (the model's): a quantised cache's codes are not."""
+    q's (the model's): a quantised cache's codes are not. A quantised cache's format goes with
+    it, so ``"auto"`` runs the CUDA FP8 / INT4 kernels where they read it."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     return _plan_decode(seq_lens_host, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                         head_dim=head_dim, block_size=block_size, dtype=dtype,
                         device=k_cache.device, max_seq_len=max_seq_len, scale=scale,
-                        backend=backend)
+                        backend=backend, kv_format=getattr(k_cache, "format", None))
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, plan) -> torch.Tensor:

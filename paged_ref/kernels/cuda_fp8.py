@@ -289,6 +289,31 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
     return "fp8_decode_{}" + ("_token" if k_cache.format.scale_per == "token_head" else "")
 
 
+CUDA_FORMATS = ("fp8", "fp8_token_head", "int4")
+
+
+def cuda_refusal(kv_format, q_dtype: torch.dtype, device, *, head_dim: int, group: int,
+                 block_size: int) -> str | None:
+    """Why the CUDA kernels would not run a call with these sizes, or ``None`` when they
+    would (what ``paged_attention(backend="auto")`` and ``plan_decode`` ask before picking
+    them): the cache format, q's dtype, head_dim, the group, the block size, and a GPU of
+    compute capability >= 8.9 with nvcc."""
+    name = getattr(kv_format, "name", kv_format)
+    if name not in CUDA_FORMATS:
+        return f"they read {', '.join(CUDA_FORMATS)} caches, not {name or 'plain ones'}"
+    if q_dtype not in (torch.float16, torch.bfloat16):
+        return f"they take float16 / bfloat16 q, not {q_dtype}"
+    if head_dim not in HEAD_DIMS:
+        return f"they take head_dim in {HEAD_DIMS}, not {head_dim}"
+    if group > MAX_GROUP:
+        return f"they take up to {MAX_GROUP} query heads per KV head, not {group}"
+    if block_size & (block_size - 1):
+        return f"they need a power-of-two block_size, not {block_size}"
+    if torch.device(device).type != "cuda" or not cuda_fp8_available(device):
+        return "they need a CUDA GPU of compute capability >= 8.9 and nvcc"
+    return None
+
+
 def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
     """:func:`check_cuda_inputs` for the FP8 kernel."""
     return check_cuda_inputs(q, k_cache, v_cache, "fp8", stages)
@@ -304,7 +329,7 @@ class CudaDecodePlan:
 
     q_shape: tuple
     q_dtype: torch.dtype
-    cache_shape: tuple
+    cache_shape: tuple  # (block_size, Hkv, head_dim): any number of blocks
     kv_format: object
     device_index: int
     decode: ctypes.c_void_p
@@ -330,9 +355,10 @@ class CudaDecodePlan:
                              f"plan: {self.q_shape} {self.q_dtype} on cuda:{self.device_index}, "
                              "head_dim contiguous")
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if getattr(c, "format", None) != self.kv_format or tuple(c.shape) != self.cache_shape:
-                raise ValueError(f"{name} is not the {self.kv_format.name} cache of shape "
-                                 f"{self.cache_shape} this launch was planned for")
+            if (getattr(c, "format", None) != self.kv_format
+                    or tuple(c.shape[1:]) != self.cache_shape):
+                raise ValueError(f"{name} is not a {self.kv_format.name} cache of blocks "
+                                 f"{self.cache_shape} (block_size, Hkv, head_dim) as planned")
         if out is None:
             out = torch.empty_like(q)
         if self.q_shape[0] == 0:
@@ -367,8 +393,8 @@ class CudaDecodePlan:
             part_lse.data_ptr(), kz.data_ptr() if kz is not None else None,
             vz.data_ptr() if vz is not None else None, q.stride(0), q.stride(1),
             out.stride(0), out.stride(1), data.stride(0), data.stride(1), data.stride(2),
-            *s_strides, block_tables.stride(0), int(math.log2(self.cache_shape[1])),
-            self.q_shape[1] // self.cache_shape[2],
+            *s_strides, block_tables.stride(0), int(math.log2(self.cache_shape[0])),
+            self.q_shape[1] // self.cache_shape[1],
             self.chunk_len, self.max_chunks, self.max_len, self.heads_per_cta,
             self.qk_scale_log2)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -399,15 +425,30 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
 
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
     kind = getattr(getattr(k_cache, "format", None), "kind", "fp8")
-    kernel = check_cuda_inputs(q, k_cache, v_cache, kind if kind == "int4" else "fp8", stages)
+    check_cuda_inputs(q, k_cache, v_cache, kind if kind == "int4" else "fp8", stages)
     if max_len is None:
         lengths = check_values(block_tables, seq_lens, shapes)
         max_len, total_tokens = lengths.max_len, lengths.total_tokens
+    return plan_cuda_for(q.shape, k_cache.shape[1], k_cache.shape[2], q.dtype, q.device,
+                         k_cache.format, max_len=max_len, total_tokens=total_tokens,
+                         scale=scale, chunk_len=chunk_len, stages=stages, defines=defines)
+
+
+def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtype, device,
+                  kv_format, *, max_len: int, total_tokens: int | None = None, scale=None,
+                  chunk_len=None, stages=DEFAULT_STAGES, defines=()) -> CudaDecodePlan:
+    """:func:`plan_cuda` from sizes alone (q ``[batch, Hq, head_dim]``, the cache's block
+    size, KV heads and format), for callers that checked their inputs already:
+    :func:`paged_ref.plan_decode` and ``paged_attention(backend="auto")`` on quantised caches.
+    The plan runs on caches of any number of blocks."""
+    batch, num_q_heads, head_dim = q_shape
+    kind = "int4" if kv_format.kind == "int4" else "fp8"
     if not isinstance(max_len, int) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
-    batch, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    device = q.device.index
+    device = torch.device(device).index
+    device = torch.cuda.current_device() if device is None else device
+    kernel = ("int4_decode_{}" if kind == "int4" else
+              "fp8_decode_{}" + ("_token" if kv_format.scale_per == "token_head" else ""))
     defines = tuple(defines)
     if chunk_len is None and not any(d.startswith("WARPS_PER_HEAD=") for d in defines):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -423,20 +464,21 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
     part_o = part_lse = None
     if max_chunks > 1:
         part_o = torch.empty(batch, num_q_heads, max_chunks, head_dim, dtype=torch.float32,
-                             device=q.device)
+                             device=f"cuda:{device}")
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
-                               device=q.device)
+                               device=f"cuda:{device}")
     ring, limit = shared_bytes(head_dim, stages, warps_per_head, kind), _shared_limit(device)
     if ring > limit:  # (ring: per KV head of a CTA)
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
                          f"memory per head; this GPU allows {limit}: use fewer")
     heads = heads_per_cta(num_kv_heads, warps_per_head,
                           min(MAX_WARPS, limit // ring * warps_per_head))
-    name = f"{'bf16' if q.dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
+    name = f"{'bf16' if dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
     return CudaDecodePlan(
-        q_shape=tuple(q.shape), q_dtype=q.dtype, cache_shape=tuple(k_cache.shape),
-        kv_format=k_cache.format, device_index=device,
+        q_shape=tuple(q_shape), q_dtype=dtype,
+        cache_shape=(block_size, num_kv_heads, head_dim), kv_format=kv_format,
+        device_index=device,
         decode=_function(device, kernel.format(name), stages, defines, SOURCE),
         merge=(_function(device, f"fp8_merge_{name}", stages, defines, SOURCE)
                if max_chunks > 1 else None),

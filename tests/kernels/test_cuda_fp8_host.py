@@ -222,3 +222,39 @@ def test_ctypes_launch_config_matches_cuda_h(tmp_path):
     assert attr_id == cuda_fp8.PROGRAMMATIC_STREAM_SERIALIZATION
     assert offsets == [getattr(cfg, f).offset for f in (
         "grid_x", "shared_bytes", "stream", "attrs", "num_attrs")]
+
+
+# --- backend="cuda" / "auto" on quantised caches, decided without a GPU -------------------
+
+def test_cuda_backend_refusals_without_a_gpu():
+    import paged_ref
+
+    kw = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    plain = make_paged_inputs([5, 20], device="cpu", **kw)
+    with pytest.raises(ValueError, match="CUDA GPU only"):
+        paged_ref.paged_attention(*plain.quantized("fp8").args(), backend="cuda")
+    with pytest.raises(ValueError, match="not quantised"):
+        paged_ref.paged_attention(*plain.args(), backend="cuda")
+    sizes = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                 dtype=torch.bfloat16, device="cpu")
+    plan = paged_ref.plan_decode([5, 20], kv_format="fp8", **sizes)
+    assert plan.backend == "torch" and plan.kv_format.name == "fp8" and plan.cuda is None
+    with pytest.raises(ValueError, match="CUDA GPU only"):
+        paged_ref.plan_decode([5, 20], kv_format="fp8", backend="cuda", **sizes)
+    with pytest.raises(ValueError):
+        paged_ref.plan_decode([5, 20], kv_format="fp9", **sizes)
+
+
+@pytest.mark.parametrize("fmt, dtype, head_dim, group, block, reason", [
+    (None, torch.bfloat16, 128, 4, 16, "not plain ones"),
+    ("int4_g64", torch.bfloat16, 128, 4, 16, "not int4_g64"),
+    ("fp8", torch.float32, 128, 4, 16, "float16 / bfloat16 q"),
+    ("fp8", torch.bfloat16, 96, 4, 16, "head_dim"),
+    ("fp8", torch.bfloat16, 128, 16, 16, "up to 8 query heads"),
+    ("int4", torch.float16, 128, 4, 12, "power-of-two block_size"),
+    ("fp8", torch.bfloat16, 128, 4, 16, "compute capability"),  # this machine: no such GPU
+])
+def test_cuda_refusal_names_the_reason(fmt, dtype, head_dim, group, block, reason):
+    refusal = cuda_fp8.cuda_refusal(fmt, dtype, "cpu", head_dim=head_dim, group=group,
+                                    block_size=block)
+    assert refusal is not None and reason in refusal
