@@ -63,10 +63,10 @@ def main() -> None:
                 runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
                     lambda p=plan, a=args, o=out: p.run(*a, out=o))
                 if plan.merge is not None and plan.dependent_merge and chunk is None:
-                    plain = dataclasses.replace(plan, dependent_merge=False)
+                    plain_launch = dataclasses.replace(plan, dependent_merge=False)
                     runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}"
                             ",plain merge launch]"] = (
-                        lambda p=plain, a=args, o=out: p.run(*a, out=o))
+                        lambda p=plain_launch, a=args, o=out: p.run(*a, out=o))
             for label, fn in runners.items():
                 err = relative_error(fn().float(), ref)
                 ms = time_ms(fn)
