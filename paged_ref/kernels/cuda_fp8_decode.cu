@@ -190,15 +190,51 @@ static_assert(sizeof(Stage<128>) == 2 * TILE * 128 + 2 * TILE * 4, "Stage size")
 static_assert(sizeof(Stage<64>) % 128 == 0, "each stage keeps the next one 128-byte aligned");
 static_assert(2 * sizeof(Stage<64>) >= MAX_GROUP * (64 + 4) * 4, "merge space per warp");
 
-// 16 bytes of row `row` (at byte `at` of it) of both K and V: from global memory into the
-// swizzled stage tiles (zeros when !ok).
-template <int ROW, int PREFETCH>
-__device__ __forceinline__ void copy_kv_16(uint8_t* k_tile, uint8_t* v_tile, int row, int at,
+// 16 bytes of both K and V, from global memory to byte `to` of the stage tiles (zeros when !ok).
+template <int PREFETCH>
+__device__ __forceinline__ void copy_kv_16(uint8_t* k_tile, uint8_t* v_tile, int to,
                                            const uint8_t* k_src, long long v_minus_k, bool ok) {
-  const int to = swizzled(row * ROW + at);
   cp_async_16<PREFETCH>(k_tile + to, k_src, ok);
   cp_async_16<PREFETCH>(v_tile + to, k_src + v_minus_k, ok);
 }
+
+// What one lane copies of every tile (rows of ROW bytes, ROW / 16 lanes a row, whole rows per
+// instruction): rows row0 + i * STEP_ROWS, 16 bytes at `piece`. Its offsets within a block of
+// the cache (`src`) and within a stage tile (`dst`, swizzled) are the same for every tile, so
+// they are computed once; a tile then costs one base address and the copies.
+template <int ROW>
+struct LaneCopies {
+  static constexpr int PIECES = ROW / 16, STEP_ROWS = 32 / PIECES, N = TILE / STEP_ROWS;
+  int row0, piece, src[N], dst[N];
+  __device__ LaneCopies(const Args& a, int lane) : row0(lane / PIECES), piece(lane % PIECES) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int row = row0 + i * STEP_ROWS;
+      src[i] = row * (int)a.c_st + piece * 16;  // (a block's bytes fit an int)
+      dst[i] = swizzled(row * ROW + piece * 16);
+    }
+  }
+  // Tile [t0, t0 + 16) of head `k_head` (blocks of >= 16 tokens: all in block `blk`; smaller
+  // ones: a table entry per row) into k_tile / v_tile; rows past `end` zero-filled.
+  template <int PREFETCH>
+  __device__ __forceinline__ void tile(uint8_t* k_tile, uint8_t* v_tile, const Args& a,
+                                       const uint8_t* k_head, long long v_minus_k,
+                                       const int* table, int t0, int end, int blk) const {
+    const int mask = (1 << a.block_shift) - 1;
+    const uint8_t* base = k_head + (long long)blk * a.c_sb + (long long)(t0 & mask) * a.c_st;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int tok = t0 + row0 + i * STEP_ROWS;
+      const bool ok = tok < end;
+      const uint8_t* k_src = base + src[i];
+      if (a.block_shift < 4) {
+        const long long b = ok ? table[tok >> a.block_shift] : 0;
+        k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
+      }
+      copy_kv_16<PREFETCH>(k_tile, v_tile, dst[i], k_src, v_minus_k, ok);
+    }
+  }
+};
 
 // Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: each instruction copies
 // whole token rows (D / 16 lanes of 16 bytes per row: full 128-byte lines for D = 128, which
@@ -207,25 +243,13 @@ __device__ __forceinline__ void copy_kv_16(uint8_t* k_tile, uint8_t* v_tile, int
 // Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole tile lies in one block,
 // whose table entry `blk` the caller looked up ahead of time. Smaller blocks: an entry per row.
 template <int D, bool TOKEN_SCALE>
-__device__ __forceinline__ void copy_tile(Stage<D>& st, const Args& a, const uint8_t* k_head,
-                                          long long v_minus_k, const int* table, int head,
-                                          int t0, int end, int lane, int blk) {
-  constexpr int PIECES = D / 16, ROWS_PER_STEP = 32 / PIECES;  // per instruction
-  const int piece = lane % PIECES, row0 = lane / PIECES;
+__device__ __forceinline__ void copy_tile(Stage<D>& st, const LaneCopies<D>& lc, const Args& a,
+                                          const uint8_t* k_head, long long v_minus_k,
+                                          const int* table, int head, int t0, int end, int lane,
+                                          int blk) {
+  lc.template tile<L2_PREFETCH>(st.k, st.v, a, k_head, v_minus_k, table, t0, end, blk);
   const int mask = (1 << a.block_shift) - 1;
   const bool one_block = a.block_shift >= 4;
-  const uint8_t* src = k_head + (long long)blk * a.c_sb + ((t0 & mask) + row0) * a.c_st + piece * 16;
-#pragma unroll
-  for (int i = 0; i < TILE / ROWS_PER_STEP; ++i) {
-    const int row = row0 + i * ROWS_PER_STEP, tok = t0 + row;
-    const bool ok = tok < end;
-    const uint8_t* k_src = src + i * ROWS_PER_STEP * a.c_st;
-    if (!one_block) {
-      const long long b = ok ? table[tok >> a.block_shift] : 0;
-      k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
-    }
-    copy_kv_16<Stage<D>::ROW, L2_PREFETCH>(st.k, st.v, row, piece * 16, k_src, v_minus_k, ok);
-  }
   if constexpr (TOKEN_SCALE) {
     const int row = lane % TILE, tok = t0 + row;
     const bool ok = tok < end;
@@ -467,9 +491,10 @@ __device__ void fp8_decode(const Args& a) {
   const float score_scale = a.qk_scale_log2 * k_scale;
 
   TableAhead entries(a, w, lane);
+  const LaneCopies<D> lanes(a, lane);
   auto copy = [&](int i) {  // tile i into its stage (i is the same in every lane); the ring
                             // keeps STAGES - 1 tiles in flight while one is used
-    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], a, w.k_head, w.v_minus_k, w.table, kv_head,
+    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
                               w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
   };
 #pragma unroll
@@ -599,26 +624,13 @@ static_assert(2 * sizeof(Int4Stage<128>) >= MAX_GROUP * (128 + 4) * 4 &&
 
 // As copy_tile, for D / 2 bytes a row and the four (scale, zero) pairs of each token.
 template <int D>
-__device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const Args& a,
-                                               const uint8_t* k_head, long long v_minus_k,
-                                               const int* table, int head, int t0, int end,
-                                               int lane, int blk) {
-  constexpr int PIECES = D / 32, ROWS_PER_STEP = 32 / PIECES, ROW = Int4Stage<D>::ROW;
-  const int piece = lane % PIECES, row0 = lane / PIECES;
+__device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const LaneCopies<D / 2>& lc,
+                                               const Args& a, const uint8_t* k_head,
+                                               long long v_minus_k, const int* table, int head,
+                                               int t0, int end, int lane, int blk) {
+  lc.template tile<INT4_L2_PREFETCH>(st.k, st.v, a, k_head, v_minus_k, table, t0, end, blk);
   const int mask = (1 << a.block_shift) - 1;
   const bool one_block = a.block_shift >= 4;
-  const uint8_t* src = k_head + (long long)blk * a.c_sb + ((t0 & mask) + row0) * a.c_st + piece * 16;
-#pragma unroll
-  for (int i = 0; i < TILE / ROWS_PER_STEP; ++i) {
-    const int row = row0 + i * ROWS_PER_STEP, tok = t0 + row;
-    const bool ok = tok < end;
-    const uint8_t* k_src = src + i * ROWS_PER_STEP * a.c_st;
-    if (!one_block) {
-      const long long b = ok ? table[tok >> a.block_shift] : 0;
-      k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
-    }
-    copy_kv_16<ROW, INT4_L2_PREFETCH>(st.k, st.v, row, piece * 16, k_src, v_minus_k, ok);
-  }
   const int row = lane % TILE, tok = t0 + row;
   const bool ok = tok < end;
   const long long b = one_block ? blk : ok ? table[tok >> a.block_shift] : 0;
@@ -697,8 +709,9 @@ __device__ void int4_decode(const Args& a) {
   float zs[2] = {0.f, 0.f};  // sum_t p_t zero_h(t) (query g, this thread's tokens)
 
   TableAhead entries(a, w, lane);
+  const LaneCopies<D / 2> lanes(a, lane);
   auto copy = [&](int i) {
-    copy_int4_tile<D>(ring[i % STAGES], a, w.k_head, w.v_minus_k, w.table, kv_head,
+    copy_int4_tile<D>(ring[i % STAGES], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
                       w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
   };
 #pragma unroll
