@@ -225,8 +225,8 @@ def plan_decode(
                  ``"cuda"`` (the hand-written FP8 / INT4 kernels)
     kv_format    the caches' :class:`~paged_ref.KVFormat` or its name (``"fp8"``, ``"int4"``,
                  ...) when they are quantised: ``"auto"`` then runs the CUDA kernels where
-                 they read the call (a GPU with nvcc), else Triton; calls must pass caches of
-                 that format
+                 they read the call (a GPU with nvcc), else Triton (a ``"cuda"`` plan refuses
+                 caches of another format)
 
     Checks every value here, once: TypeError for bad types, ValueError for bad values (named).
     Returns a :class:`DecodePlan` for ``paged_attention(..., plan=plan)``, which then reads

@@ -284,9 +284,14 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
         raise ValueError(f"q's head_dim must be contiguous (stride 1) for {what}")
     if not q.is_cuda:
         raise ValueError(f"{what} runs on a CUDA GPU; q is on the CPU")
-    if kind == "int4":
+    return _kernel_name(k_cache.format)
+
+
+def _kernel_name(kv_format) -> str:
+    """The decode kernel of a format, without the dtype and head_dim."""
+    if kv_format.kind == "int4":
         return "int4_decode_{}"
-    return "fp8_decode_{}" + ("_token" if k_cache.format.scale_per == "token_head" else "")
+    return "fp8_decode_{}" + ("_token" if kv_format.scale_per == "token_head" else "")
 
 
 CUDA_FORMATS = ("fp8", "fp8_token_head", "int4")
@@ -297,7 +302,9 @@ def cuda_refusal(kv_format, q_dtype: torch.dtype, device, *, head_dim: int, grou
     """Why the CUDA kernels would not run a call with these sizes, or ``None`` when they
     would (what ``paged_attention(backend="auto")`` and ``plan_decode`` ask before picking
     them): the cache format, q's dtype, head_dim, the group, the block size, and a GPU of
-    compute capability >= 8.9 with nvcc."""
+    compute capability >= 8.9 with nvcc. (INT4 by the name ``"int4"``: a (scale, zero) pair
+    per nibble half; :func:`paged_attention_cuda` also takes that grouping spelled
+    ``int4_g<head_dim / 2>``.)"""
     name = getattr(kv_format, "name", kv_format)
     if name not in CUDA_FORMATS:
         return f"they read {', '.join(CUDA_FORMATS)} caches, not {name or 'plain ones'}"
@@ -443,17 +450,16 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
     The plan runs on caches of any number of blocks."""
     batch, num_q_heads, head_dim = q_shape
     kind = "int4" if kv_format.kind == "int4" else "fp8"
+    kernel = _kernel_name(kv_format)
     if not isinstance(max_len, int) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     device = torch.device(device).index
     device = torch.cuda.current_device() if device is None else device
-    kernel = ("int4_decode_{}" if kind == "int4" else
-              "fp8_decode_{}" + ("_token" if kv_format.scale_per == "token_head" else ""))
     defines = tuple(defines)
     if chunk_len is None and not any(d.startswith("WARPS_PER_HEAD=") for d in defines):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         chunk_len, warps = default_launch(batch, num_kv_heads, max_len, sms, total_tokens,
-                                          "int4" if kind == "int4" else "fp8")
+                                          kind)
         if warps != WARPS_PER_HEAD:
             defines = (*defines, f"WARPS_PER_HEAD={warps}")
     elif chunk_len is None:

@@ -16,6 +16,7 @@ import triton
 
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.kernels import cuda_fp8
+from paged_ref.quant import KVFormat
 
 needs_nvcc = pytest.mark.skipif(cuda_fp8.nvcc_path() is None, reason="needs nvcc")
 
@@ -101,6 +102,9 @@ def test_compiles_to_mma_and_async_copies(tmp_path, monkeypatch):
     usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], check=True,
                            capture_output=True, text=True).stdout
     assert "fp8_decode_f16_d64_token" in usage and "int4_decode_f16_d256" in usage
+    for fmt in cuda_fp8.CUDA_FORMATS:  # the names plans launch are the cubin's
+        for name in ("bf16_d128", "f16_d64"):
+            assert cuda_fp8._kernel_name(KVFormat.parse(fmt)).format(name) in usage
     # INT4: nibbles reach the tensor cores by bit masks (LOP3), never a byte-wide load
     sass = subprocess.run([tools / "cuobjdump", "-sass", "-fun", "int4_decode_bf16_d128", cubin],
                           check=True, capture_output=True, text=True).stdout
