@@ -236,12 +236,13 @@ struct LaneCopies {
   }
 };
 
-// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st`: each instruction copies
-// whole token rows (D / 16 lanes of 16 bytes per row: full 128-byte lines for D = 128, which
-// DRAM serves better than the same bytes spread over more rows per instruction); tokens past
-// `end` are zero-filled and never read. k_head / v_head: the caches at this KV head.
-// Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole tile lies in one block,
-// whose table entry `blk` the caller looked up ahead of time. Smaller blocks: an entry per row.
+// Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st` (its K and V rows through
+// `lc`: whole token rows per instruction, full 128-byte lines for D = 128, which DRAM serves
+// better than the same bytes spread over more rows per instruction), and with token-head
+// scales one scale per lane; tokens past `end` are zero-filled and never read. k_head: the K
+// cache at this KV head. Blocks of >= 16 tokens: tiles start at multiples of 16, so the whole
+// tile lies in one block, whose table entry `blk` the caller looked up ahead of time. Smaller
+// blocks: an entry per row.
 template <int D, bool TOKEN_SCALE>
 __device__ __forceinline__ void copy_tile(Stage<D>& st, const LaneCopies<D>& lc, const Args& a,
                                           const uint8_t* k_head, long long v_minus_k,
