@@ -14,6 +14,7 @@ import pytest
 import torch
 import triton
 
+from paged_ref.course import banks
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.kernels import cuda_fp8
 from paged_ref.quant import KVFormat
@@ -130,61 +131,31 @@ def test_ctypes_struct_matches_the_c_struct(tmp_path):
     assert offsets == [getattr(cuda_fp8._Args, f).offset for f in fields]
 
 
-# --- the swizzled shared-memory tiles ------------------------------------------------------
-# The .cu's swizzled(): chunk c of 128-byte line n of a tile lives at chunk c ^ (n % 8).
-SWIZZLE_SOURCE = "return at ^ (((at >> 7) & 7) << 4);"
-
-
-def swizzled(at: int) -> int:
-    return at ^ (((at >> 7) & 7) << 4)
-
-
-def wavefronts(addresses: list[int], size: int) -> int:
-    """Shared-memory wavefronts of one warp-wide load of ``size`` bytes a lane (32 banks of 4
-    bytes; 16-byte loads are served 8 lanes at a time, 8-byte ones 16, 4-byte ones 32): per
-    group of lanes, the most distinct 4-byte words that fall in one bank."""
-    per_group = {4: 32, 8: 16, 16: 8}[size]
-    total = 0
-    for first in range(0, 32, per_group):
-        banks: dict[int, set[int]] = {}
-        for at in addresses[first:first + per_group]:
-            for word in range(at // 4, (at + size) // 4):
-                banks.setdefault(word % 32, set()).add(word)
-        total += max(len(words) for words in banks.values())
-    return total
-
-
-def fragment_reads(kind: str, head_dim: int):
-    """(size, [logical byte of lane 0..31]) of each shared-memory load of a tile step, as the
-    kernels' read_words calls make them: K rows 8j + g at t * (bytes a thread reads), V rows
-    2t + (j & 1) + 8 (j >> 1) at g * (...); loads of 16 bytes at most."""
-    row = head_dim if kind == "fp8" else head_dim // 2
-    k_bytes, v_bytes = (head_dim // 4, head_dim // 8) if kind == "fp8" else (
-        head_dim // 8, head_dim // 16)
-    reads = []
-    for j in range(2):
-        for piece in range(0, k_bytes, 16):
-            reads.append((min(k_bytes, 16), [(8 * j + lane // 4) * row + lane % 4 * k_bytes
-                                              + piece for lane in range(32)]))
-    for j in range(4):
-        for piece in range(0, v_bytes, 16):
-            reads.append((min(v_bytes, 16), [(2 * (lane % 4) + (j & 1) + 8 * (j >> 1)) * row
-                                              + lane // 4 * v_bytes + piece for lane in range(32)]))
-    return row, reads
-
+# --- the swizzled shared-memory tiles (the model: paged_ref.course.banks) ----------------
 
 def test_swizzle_is_the_kernels():
-    assert SWIZZLE_SOURCE in cuda_fp8.SOURCE.read_text()
+    assert banks.SWIZZLE_SOURCE in cuda_fp8.SOURCE.read_text()
 
 
 def test_swizzle_keeps_each_line_whole():
     """Every 128-byte line of a tile (a line of the cache, copied by one instruction) stays one
-    line of shared memory, its 16-byte chunks only permuted: the copies stay line-aligned."""
+    line of shared memory, its 16-byte chunks only permuted: the copies stay line-aligned.
+    Rows padded by 16 bytes do not (the planted mistake this guards against)."""
     for line in range(64):
-        chunks = sorted(swizzled(128 * line + 16 * c) for c in range(8))
+        chunks = sorted(banks.swizzled(128 * line + 16 * c) for c in range(8))
         assert chunks == [128 * line + 16 * c for c in range(8)]
-        assert all(swizzled(128 * line + 16 * c + b) == swizzled(128 * line + 16 * c) + b
-                   for c in range(8) for b in range(16))
+        at = [128 * line + 16 * c for c in range(8)]
+        assert all(banks.swizzled(a + b) == banks.swizzled(a) + b for a in at for b in range(16))
+    for row_bytes in (32, 64, 128, 256):
+        assert banks.lines_stay_whole("swizzled", row_bytes)
+        assert not banks.lines_stay_whole("padded", row_bytes)
+
+
+def test_wavefront_count_sees_a_conflict():
+    same_bank = [128 * lane for lane in range(32)]  # 32 lanes, one bank, 32 different words
+    assert banks.wavefronts(same_bank, 4) == 32
+    assert banks.wavefronts([4 * lane for lane in range(32)], 4) == 1  # 32 banks: one pass
+    assert banks.wavefronts([16 * lane for lane in range(32)], 16) == 4  # 512 bytes: four
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int4"])
@@ -192,17 +163,15 @@ def test_swizzle_keeps_each_line_whole():
 def test_swizzled_reads_conflict_no_more_than_padded_rows(kind, head_dim):
     """The fragment reads cost no more shared-memory wavefronts than with rows padded by 16
     bytes (the layout before), and the unswizzled, unpadded layout (the planted mistake)
-    costs more where it matters (FP8 / INT4 head_dim 128 and 256)."""
-    row, reads = fragment_reads(kind, head_dim)
-    swz = sum(wavefronts([swizzled(a) for a in addrs], size) for size, addrs in reads)
-    padded = sum(wavefronts([a // row * (row + 16) + a % row for a in addrs], size)
-                 for size, addrs in reads)
-    plain = sum(wavefronts(addrs, size) for size, addrs in reads)
+    costs more where it matters (rows of 64 bytes and more)."""
+    swz, padded, plain = (banks.step_wavefronts(kind, head_dim, layout)
+                          for layout in ("swizzled", "padded", "plain"))
     assert swz <= padded
-    if row >= 64:
+    row_bytes = head_dim if kind == "fp8" else head_dim // 2
+    if row_bytes >= 64:
         assert plain > swz
-    if (kind, head_dim) in (("fp8", 128), ("int4", 256)):  # 128-byte rows: no conflict at all
-        assert swz == sum(size // 4 for size, _ in reads)
+    if row_bytes == 128:  # FP8 head_dim 128, INT4 256: no conflict at all
+        assert swz == banks.ideal_wavefronts(kind, head_dim)
 
 
 @needs_nvcc

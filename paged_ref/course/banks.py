@@ -1,0 +1,119 @@
+"""Shared-memory banks and cache lines for the CUDA decode kernels' tiles (lesson 10).
+
+The kernels (``paged_ref/kernels/cuda_fp8_decode.cu``) copy each 16-token tile of K and V into
+shared memory, 16 bytes a lane, then each thread reads its MMA fragments back. Two things
+decide whether that is fast, and both can be counted on paper:
+
+* **bank conflicts** of the fragment reads: shared memory has 32 banks of 4 bytes; a warp's
+  16-byte loads are served 8 lanes at a time (8-byte ones 16, 4-byte ones 32), and two lanes
+  of a group that touch *different* words of one bank cost an extra pass (a wavefront);
+* **whole lines**: the L2 serves the copy one request per 128-byte shared-memory line it
+  lands in, so a cache line that lands across two lines costs two requests.
+
+Three layouts of a tile whose rows are ``row_bytes`` long: ``"plain"`` (rows one after
+another), ``"padded"`` (each row ``row_bytes + 16`` apart: the usual cure for conflicts) and
+``"swizzled"`` (rows one after another, the 16-byte chunks of each 128-byte line permuted:
+chunk ``c`` of line ``n`` at ``c ^ (n % 8)``, :func:`swizzled`, what the kernels use).
+``tests/kernels/test_cuda_fp8_host.py`` checks :func:`swizzled` is the .cu's.
+
+    from paged_ref.course import banks
+    banks.table()     # wavefronts of every format / head_dim / layout, and whole lines
+"""
+
+from __future__ import annotations
+
+LAYOUTS = ("plain", "padded", "swizzled")
+SWIZZLE_SOURCE = "return at ^ (((at >> 7) & 7) << 4);"  # the .cu's swizzled(), verbatim
+
+
+def swizzled(at: int) -> int:
+    """Where logical byte ``at`` of a tile lives: chunk c of 128-byte line n at c ^ (n % 8)."""
+    return at ^ (((at >> 7) & 7) << 4)
+
+
+def place(layout: str, row: int, byte: int, row_bytes: int) -> int:
+    """Shared-memory byte of ``byte`` of tile row ``row`` in ``layout``."""
+    if layout == "plain":
+        return row * row_bytes + byte
+    if layout == "padded":
+        return row * (row_bytes + 16) + byte
+    if layout == "swizzled":
+        return swizzled(row * row_bytes + byte)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def wavefronts(addresses: list[int], size: int) -> int:
+    """Wavefronts of one warp-wide shared-memory load of ``size`` bytes a lane (4, 8 or 16):
+    per group of lanes served together, the most distinct 4-byte words in one bank."""
+    per_group = {4: 32, 8: 16, 16: 8}[size]
+    total = 0
+    for first in range(0, 32, per_group):
+        banks: dict[int, set[int]] = {}
+        for at in addresses[first:first + per_group]:
+            for word in range(at // 4, (at + size) // 4):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(len(words) for words in banks.values())
+    return total
+
+
+def fragment_reads(kind: str, head_dim: int) -> tuple[int, list[tuple[int, list[tuple]]]]:
+    """``(row_bytes, [(size, [(row, byte) of lane 0..31]), ...])``: the shared-memory loads of
+    one tile step, as the kernels' ``read_words`` calls make them (lane = 4 g + t): K rows
+    ``8 j + g`` at ``t x`` (bytes a thread reads), V rows ``2t + (j & 1) + 8 (j >> 1)`` at
+    ``g x`` (...); 16 bytes a load at most. ``kind``: ``"fp8"`` (a byte a channel) or
+    ``"int4"`` (two channels a byte)."""
+    if kind not in ("fp8", "int4"):
+        raise ValueError(f"kind must be 'fp8' or 'int4', got {kind!r}")
+    row = head_dim if kind == "fp8" else head_dim // 2
+    k_bytes, v_bytes = (head_dim // 4, head_dim // 8) if kind == "fp8" else (
+        head_dim // 8, head_dim // 16)
+    reads = []
+    for j in range(2):
+        for piece in range(0, k_bytes, 16):
+            reads.append((min(k_bytes, 16), [(8 * j + lane // 4, lane % 4 * k_bytes + piece)
+                                             for lane in range(32)]))
+    for j in range(4):
+        for piece in range(0, v_bytes, 16):
+            reads.append((min(v_bytes, 16), [(2 * (lane % 4) + (j & 1) + 8 * (j >> 1),
+                                              lane // 4 * v_bytes + piece) for lane in range(32)]))
+    return row, reads
+
+
+def step_wavefronts(kind: str, head_dim: int, layout: str) -> int:
+    """Wavefronts of one tile step's fragment reads in ``layout``."""
+    row, reads = fragment_reads(kind, head_dim)
+    return sum(wavefronts([place(layout, r, b, row) for r, b in lanes], size)
+               for size, lanes in reads)
+
+
+def ideal_wavefronts(kind: str, head_dim: int) -> int:
+    """The fewest a step's loads can take (no conflicts): size / 4 per load."""
+    return sum(size // 4 for size, _ in fragment_reads(kind, head_dim)[1])
+
+
+def lines_stay_whole(layout: str, row_bytes: int, rows: int = 16) -> bool:
+    """Does every 128-byte line of the cache (a whole row when ``row_bytes`` is 128, or a
+    128-byte part of a longer one) land in one 128-byte line of shared memory?"""
+    for r in range(rows):
+        for start in range(0, row_bytes, 128):
+            ends = {place(layout, r, b, row_bytes) // 128
+                    for b in range(start, min(start + 128, row_bytes), 16)}
+            if len(ends) != 1:
+                return False
+    return True
+
+
+def table() -> list[dict]:
+    """Every format and head_dim the kernels take: each layout's wavefronts a tile step (and
+    the ideal), and whether cache lines stay whole."""
+    rows = []
+    for kind in ("fp8", "int4"):
+        for head_dim in (64, 128, 256):
+            row_bytes = head_dim if kind == "fp8" else head_dim // 2
+            rows.append(dict(kind=kind, head_dim=head_dim, row_bytes=row_bytes,
+                             ideal=ideal_wavefronts(kind, head_dim),
+                             **{layout: step_wavefronts(kind, head_dim, layout)
+                                for layout in LAYOUTS},
+                             **{f"{layout}_lines_whole": lines_stay_whole(layout, row_bytes)
+                                for layout in LAYOUTS}))
+    return rows
