@@ -184,11 +184,11 @@ def test_auto_runs_the_cuda_kernels_on_quantised_caches(fmt):
     assert_close(paged_ref.paged_attention(*inp.args(), backend="cuda"), inp.reference(),
                  name=f"cuda {fmt}")
     # what the CUDA kernels do not read stays with Triton
-    g64 = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
-                            dtype=torch.bfloat16, device="cuda", seed=2).quantized("int4_g64")
-    assert choose_backend(g64.q, g64.k_cache, Lengths(max(lens), sum(lens))) != "cuda"
+    g128 = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                             dtype=torch.bfloat16, device="cuda", seed=2).quantized("int4_g128")
+    assert choose_backend(g128.q, g128.k_cache, Lengths(max(lens), sum(lens))) != "cuda"
     with pytest.raises(ValueError, match="hand-written CUDA kernels, and they read"):
-        paged_ref.paged_attention(*g64.args(), backend="cuda")
+        paged_ref.paged_attention(*g128.args(), backend="cuda")
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.quant import QuantizedKV
+from paged_ref.quant import KVFormat, QuantizedKV
 
 SOURCE = Path(__file__).with_name("cuda_fp8_decode.cu")
 WARPS_PER_HEAD = 1  # as in the .cu file: warps sharing one KV head's tiles of a chunk
@@ -270,7 +270,7 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"{what} takes head_dim in {HEAD_DIMS}, got {head_dim}")
-    if kind == "int4" and k_cache.format.group(head_dim) != head_dim // 2:
+    if not _reads_grouping(k_cache.format, head_dim):
         raise ValueError(f"{what} reads a (scale, zero) pair per nibble half (format 'int4'); "
                          f"got {k_cache.format.name} (use the Triton kernel for it)")
     if block_size & (block_size - 1):
@@ -285,6 +285,12 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
     if not q.is_cuda:
         raise ValueError(f"{what} runs on a CUDA GPU; q is on the CPU")
     return _kernel_name(k_cache.format)
+
+
+def _reads_grouping(kv_format, head_dim: int) -> bool:
+    """FP8 with either scale, or INT4 with a (scale, zero) pair per nibble half: ``int4``, or
+    the same grouping spelled ``int4_g<head_dim / 2>`` (the same tensors)."""
+    return kv_format.kind == "fp8" or kv_format.group(head_dim) == head_dim // 2
 
 
 def _kernel_name(kv_format) -> str:
@@ -302,12 +308,11 @@ def cuda_refusal(kv_format, q_dtype: torch.dtype, device, *, head_dim: int, grou
     """Why the CUDA kernels would not run a call with these sizes, or ``None`` when they
     would (what ``paged_attention(backend="auto")`` and ``plan_decode`` ask before picking
     them): the cache format, q's dtype, head_dim, the group, the block size, and a GPU of
-    compute capability >= 8.9 with nvcc. (INT4 by the name ``"int4"``: a (scale, zero) pair
-    per nibble half; :func:`paged_attention_cuda` also takes that grouping spelled
-    ``int4_g<head_dim / 2>``.)"""
-    name = getattr(kv_format, "name", kv_format)
-    if name not in CUDA_FORMATS:
-        return f"they read {', '.join(CUDA_FORMATS)} caches, not {name or 'plain ones'}"
+    compute capability >= 8.9 with nvcc: the rules :func:`check_cuda_inputs` raises on."""
+    fmt = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
+    if fmt is None or fmt.kind not in ("fp8", "int4"):
+        name = getattr(fmt, "name", "plain ones")
+        return f"they read {', '.join(CUDA_FORMATS)} caches, not {name}"
     if q_dtype not in (torch.float16, torch.bfloat16):
         return f"they take float16 / bfloat16 q, not {q_dtype}"
     if head_dim not in HEAD_DIMS:
@@ -316,6 +321,8 @@ def cuda_refusal(kv_format, q_dtype: torch.dtype, device, *, head_dim: int, grou
         return f"they take up to {MAX_GROUP} query heads per KV head, not {group}"
     if block_size & (block_size - 1):
         return f"they need a power-of-two block_size, not {block_size}"
+    if not _reads_grouping(fmt, head_dim):
+        return f"they read INT4 with a (scale, zero) pair per nibble half ('int4'), not {fmt.name}"
     if torch.device(device).type != "cuda" or not cuda_fp8_available(device):
         return "they need a CUDA GPU of compute capability >= 8.9 and nvcc"
     return None

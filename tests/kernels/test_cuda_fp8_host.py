@@ -220,7 +220,7 @@ def test_cuda_backend_refusals_without_a_gpu():
 
 @pytest.mark.parametrize("fmt, dtype, head_dim, group, block, reason", [
     (None, torch.bfloat16, 128, 4, 16, "not plain ones"),
-    ("int4_g64", torch.bfloat16, 128, 4, 16, "not int4_g64"),
+    ("int4_g128", torch.bfloat16, 128, 4, 16, "not int4_g128"),
     ("fp8", torch.float32, 128, 4, 16, "float16 / bfloat16 q"),
     ("fp8", torch.bfloat16, 96, 4, 16, "head_dim"),
     ("fp8", torch.bfloat16, 128, 16, 16, "up to 8 query heads"),
@@ -231,3 +231,14 @@ def test_cuda_refusal_names_the_reason(fmt, dtype, head_dim, group, block, reaso
     refusal = cuda_fp8.cuda_refusal(fmt, dtype, "cpu", head_dim=head_dim, group=group,
                                     block_size=block)
     assert refusal is not None and reason in refusal
+
+
+def test_cuda_refusal_reads_int4_halves_under_either_name():
+    """``int4_g<head_dim / 2>`` is ``int4``'s grouping (the same tensors): it gets as far as
+    the device check, as ``int4`` does; other groupings are refused for what they are."""
+    for fmt in ("int4", "int4_g64", KVFormat.parse("fp8_token_head")):
+        refusal = cuda_fp8.cuda_refusal(fmt, torch.bfloat16, "cpu", head_dim=128, group=4,
+                                        block_size=16)
+        assert "compute capability" in refusal
+    assert "not int4_g128" in cuda_fp8.cuda_refusal("int4_g128", torch.bfloat16, "cpu",
+                                                   head_dim=128, group=4, block_size=16)
