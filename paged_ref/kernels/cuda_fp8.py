@@ -328,11 +328,6 @@ def cuda_refusal(kv_format, q_dtype: torch.dtype, device, *, head_dim: int, grou
     return None
 
 
-def check_fp8_inputs(q, k_cache, v_cache, stages=DEFAULT_STAGES) -> str:
-    """:func:`check_cuda_inputs` for the FP8 kernel."""
-    return check_cuda_inputs(q, k_cache, v_cache, "fp8", stages)
-
-
 @dataclass(frozen=True)
 class CudaDecodePlan:
     """A prepared launch of the CUDA FP8 or INT4 kernel, as :func:`paged_ref.plan_decode` is
@@ -529,10 +524,10 @@ def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=N
 
 def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, **kwargs):
     """:func:`paged_attention_cuda` for FP8 caches only (anything else: a TypeError)."""
-    check_fp8_inputs(q, k_cache, v_cache, kwargs.get("stages", DEFAULT_STAGES))
+    check_cuda_inputs(q, k_cache, v_cache, "fp8", kwargs.get("stages", DEFAULT_STAGES))
     return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, **kwargs)
 
 
-__all__ = ["CudaDecodePlan", "check_cuda_inputs", "check_fp8_inputs", "compile_cubin",
-           "cuda_fp8_available", "default_launch", "heads_per_cta", "paged_attention_cuda",
-           "paged_attention_cuda_fp8", "plan_cuda"]
+__all__ = ["CUDA_FORMATS", "CudaDecodePlan", "check_cuda_inputs", "compile_cubin",
+           "cuda_fp8_available", "cuda_refusal", "default_launch", "heads_per_cta",
+           "paged_attention_cuda", "paged_attention_cuda_fp8", "plan_cuda", "plan_cuda_for"]
