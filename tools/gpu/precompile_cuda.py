@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
     parser.add_argument("--stages", default="3", help="ring stages, e.g. 3,4 (for the probe)")
+    parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
     args = parser.parse_args()
     jobs = [(int(n), d, None) for n in args.stages.split(",")
             for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))]
@@ -37,6 +38,8 @@ def main() -> None:
             source = folder / f"mutant{i}.cu"
             source.write_text(text.replace(old, new))
             jobs.append((3, (), source))
+    if args.read_probe:
+        jobs.append((3, (), ROOT / "tools" / "gpu" / "read_probe.cu"))
     with ThreadPoolExecutor(2) as pool:
         for cubin in pool.map(lambda j: cuda_fp8.compile_cubin(args.arch, *j), jobs):
             print(cubin)

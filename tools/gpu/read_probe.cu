@@ -13,7 +13,8 @@
 // * probe_ldg: the same tiles straight into registers (ld.global.nc.L1::no_allocate.v4);
 // * probe_bulk_rows: one CTA per (sequence, chunk) with all 8 heads; a producer warp copies
 //   each token row (1 KiB, 8 heads) with a 1-D TMA bulk copy (cp.async.bulk) into a padded
-//   row of a 3- or 6-stage ring (2 or 1 CTAs per SM), mbarriers for full / empty stages; 8 consumer warps (one a head);
+//   row of a 3- or 6-stage ring (2 or 1 CTAs per SM), mbarriers for full / empty stages;
+//   8 consumer warps (one a head);
 // * probe_bulk_tile: the same, one bulk copy per 16 KiB block of K and one of V;
 // * probe_flat: the K and V buffers as one contiguous stream (grid-stride 16-byte loads).
 
@@ -57,19 +58,19 @@ template <int PF, bool SWIZZLE>
 __device__ void cpasync_warp(const P& p) {
   // rows padded by 16 bytes (as in cuda_fp8_decode.cu), or 128-byte rows with their 16-byte
   // chunks permuted (chunk c of row r at c ^ (r % 8)): every row stays 128-byte aligned
-  constexpr int STAGES = 3, ROW = SWIZZLE ? D : D + 16;
+  constexpr int RING = 3, ROW = SWIZZLE ? D : D + 16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int head = blockIdx.x * p.hpc + warp % p.hpc, part = warp / p.hpc;
   const int b = blockIdx.z, start = blockIdx.y * p.chunk_len;
   const int end = min(p.seq_len, start + p.chunk_len);
   const int first = start / TILE + part, n_tiles = max(0, (end / TILE - first + p.wph - 1) / p.wph);
-  uint8_t* ring = smem + warp * STAGES * 2 * TILE * ROW;
+  uint8_t* ring = smem + warp * RING * 2 * TILE * ROW;
   const int* table = p.tables + b * p.table_sb;
   const int piece = lane % 8, row0 = lane / 8;
   auto copy = [&](int i) {
     const int blk = table[first + i * p.wph];
-    uint8_t* st = ring + (i % STAGES) * 2 * TILE * ROW;
+    uint8_t* st = ring + (i % RING) * 2 * TILE * ROW;
     const uint8_t* src = p.k + (long long)blk * BLOCK_BYTES + row0 * TOKEN_ROW + head * D + piece * 16;
 #pragma unroll
     for (int r = 0; r < TILE / 4; ++r) {
@@ -79,16 +80,16 @@ __device__ void cpasync_warp(const P& p) {
     }
   };
   unsigned acc = 0;
-  for (int i = 0; i < STAGES - 1; ++i) {
+  for (int i = 0; i < RING - 1; ++i) {
     if (i < n_tiles) copy(i);
     asm volatile("cp.async.commit_group;");
   }
   for (int i = 0; i < n_tiles; ++i) {
     asm volatile("cp.async.wait_group 1;");
     __syncwarp();
-    if (i + STAGES - 1 < n_tiles) copy(i + STAGES - 1);
+    if (i + RING - 1 < n_tiles) copy(i + RING - 1);
     asm volatile("cp.async.commit_group;");
-    const uint8_t* st = ring + (i % STAGES) * 2 * TILE * ROW;
+    const uint8_t* st = ring + (i % RING) * 2 * TILE * ROW;
     const uint4 a = *reinterpret_cast<const uint4*>(st + (lane % 16) * ROW + (lane / 16) * 64);
     const uint4 c = *reinterpret_cast<const uint4*>(st + (TILE + lane % 16) * ROW + (lane / 16) * 64);
     acc ^= a.x ^ a.w ^ c.y ^ c.z;
@@ -182,28 +183,28 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
       ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
-template <bool ROWS, int STAGES>
+template <bool ROWS, int RING>
 __device__ void bulk(const P& p) {
   constexpr int ROW = ROWS ? TOKEN_ROW + 16 : TOKEN_ROW;
   constexpr int STAGE_BYTES = 2 * TILE * ROW;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * STAGE_BYTES);
-  uint64_t* empty = full + STAGES;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + RING * STAGE_BYTES);
+  uint64_t* empty = full + RING;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.y, start = blockIdx.x * p.chunk_len;
   const int end = min(p.seq_len, start + p.chunk_len);
   const int first = start / TILE, n_tiles = max(0, end / TILE - first);
   const int* table = p.tables + b * p.table_sb;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) { mbar_init(full + s, 1); mbar_init(empty + s, HEADS); }
+    for (int s = 0; s < RING; ++s) { mbar_init(full + s, 1); mbar_init(empty + s, HEADS); }
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
   __syncthreads();
   unsigned acc = 0;
   if (warp == HEADS) {  // the producer
     for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(empty + s, (i / STAGES - 1) & 1);
+      const int s = i % RING;
+      if (i >= RING) mbar_wait(empty + s, (i / RING - 1) & 1);
       const long long blk = table[first + i];
       uint8_t* st = smem + s * STAGE_BYTES;
       if (lane == 0) mbar_expect_tx(full + s, 2 * BLOCK_BYTES);
@@ -219,8 +220,8 @@ __device__ void bulk(const P& p) {
     }
   } else {  // consumer warp = head
     for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % STAGES;
-      mbar_wait(full + s, (i / STAGES) & 1);
+      const int s = i % RING;
+      mbar_wait(full + s, (i / RING) & 1);
       const uint8_t* st = smem + s * STAGE_BYTES + warp * D;
       const uint4 a = *reinterpret_cast<const uint4*>(st + (lane % 16) * ROW + (lane / 16) * 64);
       const uint4 c = *reinterpret_cast<const uint4*>(st + (TILE + lane % 16) * ROW + (lane / 16) * 64);

@@ -11,7 +11,8 @@ loop of this script that flushed the same way: zeroing 256 MB before each call.)
     PAGED_REF_CACHE=build/cubins python3 tools/gpu/read_probe.py          # time
     ncu --kernel-name regex:probe_ --metrics ... python3 tools/gpu/read_probe.py --once
 
-The cubin is built here with nvcc when missing (``build/probe/read_probe.cubin``, sm_90).
+The cubin is compiled with nvcc on first use and cached like the decode kernels' (under
+``$PAGED_REF_CACHE``; ``tools/gpu/precompile_cuda.py --read-probe`` builds it off the GPU).
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from paged_ref.kernels.cuda_fp8 import _check, _driver, _launch, _module, nvcc_path
+from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, _function, _launch
 
-HERE = Path(__file__).resolve().parent
-CUBIN = HERE.parents[1] / "build" / "probe" / "read_probe.cubin"
+SOURCE = Path(__file__).resolve().with_name("read_probe.cu")
 B, L, HEADS, D, BLOCK = 64, 4096, 8, 128, 16
 
 
@@ -36,23 +35,6 @@ class P(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("k", "v", "tables", "out")] + [
         ("flat_bytes", ctypes.c_longlong)] + [(n, ctypes.c_int) for n in (
             "table_sb", "chunk_len", "seq_len", "hpc", "wph")]
-
-
-def cubin() -> Path:
-    source = HERE / "read_probe.cu"
-    if not CUBIN.exists() or CUBIN.stat().st_mtime < source.stat().st_mtime:
-        CUBIN.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([nvcc_path(), "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-o",
-                        str(CUBIN), str(source)], check=True)
-    return CUBIN
-
-
-def function(name: str, smem: int):
-    fn = ctypes.c_void_p()
-    _check(_driver().cuModuleGetFunction(ctypes.byref(fn), _module(0, cubin()), name.encode()),
-           name)
-    _check(_driver().cuFuncSetAttribute(fn, 8, smem), "cuFuncSetAttribute")
-    return fn
 
 
 # (kernel, heads per CTA, warps per head, chunk_len): the warp kernels' grid is
@@ -84,7 +66,7 @@ def launcher(kernel: str, hpc: int, wph: int, chunk: int, bufs: dict):
     else:
         grid, threads = (HEADS // hpc, L // chunk, B), 32 * hpc * wph
         smem = hpc * wph * 3 * 2 * BLOCK * (D + (0 if "swz" in kernel else 16))
-    fn = function(kernel, smem)
+    fn = _function(0, kernel, DEFAULT_STAGES, (), SOURCE)  # (all the shared memory allowed)
 
     def run():
         _launch(fn, grid, threads, smem, p, torch.cuda.current_stream().cuda_stream)
