@@ -92,23 +92,33 @@ def test_cuda_fp8_refuses_what_it_does_not_read(what):
 
 
 # Planted mistakes: each mutant of the .cu source must fail the float64 check.
-FP8_RESCALE = ("a1 = __shfl_sync(FULL, alpha, 8 * t + 4);\n#pragma unroll\n"
-               "      for (int j = 0; j < OTILES")  # (fp8_decode's; int4_decode has halves)
+FP8_RESCALE = "o[j][0] *= alpha[0]; o[j][1] *= alpha[1]; o[j][2] *= alpha[0]; o[j][3] *= alpha[1];"
 MUTANTS = {
-    "no mask past the end": ("x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;",
-                             "x[i] = c[i >> 1][i & 1] * sc;"),
+    "no mask past the end": ("x[i] = t0 + tk < end ? (c[0][i] + c[1][i]) * sc : -INFINITY;",
+                             "x[i] = (c[0][i] + c[1][i]) * sc;"),
     "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
                                   "prmt(vw[0][w], vw[1][w], 0x4150)"),
-    "no rescale of O": ("o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;", ""),
-    "rescale only when every max grew": ("return __any_sync(FULL, grew);",
-                                         "return __all_sync(FULL, grew);"),
+    "no rescale of O": (FP8_RESCALE, ""),
+    "rescale only when the second query's max grew": ("grew |= m_new > m[u];",
+                                                      "grew = m_new > m[u];"),
     "alphas of the wrong queries": (
-        FP8_RESCALE, FP8_RESCALE.replace("alpha, 8 * t + 4", "alpha, 8 * t")),
+        FP8_RESCALE, FP8_RESCALE.replace("alpha[0]", "alpha[2]").replace(
+            "alpha[1]", "alpha[0]").replace("alpha[2]", "alpha[1]")),
+    "max over half of a query's tokens": (
+        "for (int d = 4; d < 32; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));",
+        "for (int d = 4; d < 16; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));"),
+    "P^T not transposed into the B operand": (
+        "const uint32_t pb0 = transpose8x8(pack_f16x2(p[0], p[1]));",
+        "const uint32_t pb0 = pack_f16x2(p[0], p[1]);"),
     "table entries one batch late": ("      now = next;\n", ""),
-    "int4: K's zeros ignored": ("kz.x * qsum[0] + kz.y * qsum[1];", "0.f;"),
-    "int4: V's zeros ignored": ("z += p[i] * (h ? vz.y : vz.x);", ""),
+    "int4: K's zeros ignored": ("(kz.x * qz[0][u] + kz.y * qz[1][u])", "0.f"),
+    "int4: V's zeros ignored": ("zs[h][u] = zs[h][u] * alpha[u] + (p[u] * z0 + p[2 + u] * z1);",
+                                "zs[h][u] = zs[h][u] * alpha[u];"),
     "int4: halves' scales swapped": ("mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);",
                                      "mma_16816(o[1][2 * k + e], hi, pb[0][0], pb[0][1]);"),
+    "int4: P^T of one half not transposed": (
+        "pb[h][1] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r1));",
+        "pb[h][1] = *reinterpret_cast<const uint32_t*>(&r1);"),
     "copies not swizzled as the reads are": ("dst[i] = swizzled(row * ROW + piece * 16);",
                                              "dst[i] = row * ROW + piece * 16;"),
     "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",

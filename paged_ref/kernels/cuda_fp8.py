@@ -394,6 +394,9 @@ class CudaDecodePlan:
         elif vs.stride() != ks.stride():
             ks, vs = ks.contiguous(), vs.contiguous()
         s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() >= 3 else (0, 0, 0)
+        if max(*data.stride(), *s_strides) >= 2 ** 31:  # (the kernels step within a block in int)
+            raise ValueError(f"the CUDA kernels take caches whose strides fit 32 bits; got "
+                             f"codes {data.stride()}, scales {s_strides}")
         part_o = out if self.part_o is None else self.part_o
         part_lse = out if self.part_lse is None else self.part_lse
         args = _Args(
@@ -466,6 +469,10 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
             defines = (*defines, f"WARPS_PER_HEAD={warps}")
     elif chunk_len is None:
         chunk_len = max_len
+    # blocks of fewer than 16 tokens need a table entry per token row: the kernel built for them
+    defines = tuple(d for d in defines if not d.startswith("SMALL_BLOCKS="))
+    if block_size < 16:
+        defines = (*defines, "SMALL_BLOCKS=1")
     warps_per_head = _macro(defines, "WARPS_PER_HEAD", WARPS_PER_HEAD)
     chunk_len = 16 * math.ceil(max(chunk_len, 1) / 16)  # tiles start at multiples of 16
     max_chunks = max(1, math.ceil(max_len / chunk_len))

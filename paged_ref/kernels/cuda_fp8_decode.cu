@@ -58,6 +58,11 @@
 #ifndef STAGES
 #define STAGES 3  // tiles in a warp's shared-memory ring (STAGES - 1 in flight)
 #endif
+#ifndef SMALL_BLOCKS
+#define SMALL_BLOCKS 0  // 0: blocks of >= 16 tokens, so a 16-token tile lies in one block (one
+                        // table entry a tile, looked up ahead); 1: smaller blocks, a table entry
+                        // per token row. cuda_fp8.py compiles the one the cache's block size needs
+#endif
 #define FULL 0xffffffffu
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
@@ -72,6 +77,13 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t two_codes) {
   uint32_t r;
   asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;}"
       : "=r"(r) : "r"(two_codes));
+  return r;
+}
+
+// a * b as a 64-bit product (one multiply; byte offsets past 2^31 in a large cache)
+__device__ __forceinline__ long long mul_wide(int a, int b) {
+  long long r;
+  asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
   return r;
 }
 
@@ -221,20 +233,36 @@ struct LaneCopies {
                                        const uint8_t* k_head, long long v_minus_k,
                                        const int* table, int t0, int end, int blk) const {
     const int mask = (1 << a.block_shift) - 1;
-    const uint8_t* base = k_head + (long long)blk * a.c_sb + (long long)(t0 & mask) * a.c_st;
+    const int c_sb = (int)a.c_sb, c_st = (int)a.c_st;  // (cuda_fp8.py checks they fit an int)
+    if constexpr (!SMALL_BLOCKS) {  // the whole tile in block blk
+      const uint8_t* base = k_head + mul_wide(blk, c_sb) + (t0 & mask) * c_st;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int tok = t0 + row0 + i * STEP_ROWS;
-      const bool ok = tok < end;
-      const uint8_t* k_src = base + src[i];
-      if (a.block_shift < 4) {
-        const long long b = ok ? table[tok >> a.block_shift] : 0;
-        k_src = k_head + b * a.c_sb + (tok & mask) * a.c_st + piece * 16;
+      for (int i = 0; i < N; ++i)
+        copy_kv_16<PREFETCH>(k_tile, v_tile, dst[i], base + src[i], v_minus_k,
+                             t0 + row0 + i * STEP_ROWS < end);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int tok = t0 + row0 + i * STEP_ROWS;
+        const bool ok = tok < end;
+        const int b = ok ? table[tok >> a.block_shift] : 0;
+        copy_kv_16<PREFETCH>(k_tile, v_tile, dst[i],
+                             k_head + mul_wide(b, c_sb) + (tok & mask) * c_st + piece * 16,
+                             v_minus_k, ok);
       }
-      copy_kv_16<PREFETCH>(k_tile, v_tile, dst[i], k_src, v_minus_k, ok);
     }
   }
 };
+
+// Where token t0 + lane % 16's token-head scale lives (elements of the scale tensors; 0 past
+// `end`), and whether it is a real token.
+__device__ __forceinline__ long long scale_slot(const Args& a, const int* table, int head, int t0,
+                                                int end, int lane, int blk, bool& ok) {
+  const int tok = t0 + lane % TILE, mask = (1 << a.block_shift) - 1;
+  ok = tok < end;
+  const int b = !SMALL_BLOCKS ? blk : ok ? table[tok >> a.block_shift] : 0;
+  return mul_wide(b, (int)a.s_sb) + (tok & mask) * (int)a.s_st + head * (int)a.s_sh;
+}
 
 // Lane `lane` of a warp starts copying tile [t0, t0 + 16) into `st` (its K and V rows through
 // `lc`: whole token rows per instruction, full 128-byte lines for D = 128, which DRAM serves
@@ -249,13 +277,10 @@ __device__ __forceinline__ void copy_tile(Stage<D>& st, const LaneCopies<D>& lc,
                                           const int* table, int head, int t0, int end, int lane,
                                           int blk) {
   lc.template tile<L2_PREFETCH>(st.k, st.v, a, k_head, v_minus_k, table, t0, end, blk);
-  const int mask = (1 << a.block_shift) - 1;
-  const bool one_block = a.block_shift >= 4;
   if constexpr (TOKEN_SCALE) {
-    const int row = lane % TILE, tok = t0 + row;
-    const bool ok = tok < end;
-    const long long b = one_block ? blk : ok ? table[tok >> a.block_shift] : 0;
-    const long long s = b * a.s_sb + (tok & mask) * a.s_st + head * a.s_sh;
+    bool ok;
+    const long long s = scale_slot(a, table, head, t0, end, lane, blk, ok);
+    const int row = lane % TILE;
     if (lane < TILE) cp_async_4(st.ks + row, a.k_scale + s, ok);
     else cp_async_4(st.vs + row, a.v_scale + s, ok);
   }
@@ -418,8 +443,7 @@ struct WarpWork {
 struct TableAhead {
   int now, next;
   __device__ int load(const Args& a, const WarpWork& w, int i) const {
-    return a.block_shift >= 4 && i < w.n_tiles ? w.table[(w.first + i * w.step) >> a.block_shift]
-                                               : 0;
+    return !SMALL_BLOCKS && i < w.n_tiles ? w.table[(w.first + i * w.step) >> a.block_shift] : 0;
   }
   __device__ TableAhead(const Args& a, const WarpWork& w, int lane)
       : now(load(a, w, lane)), next(load(a, w, 32 + lane)) {}
@@ -432,27 +456,44 @@ struct TableAhead {
   }
 };
 
-// One tile's step of the online softmax for query g (scores x of this thread's 4 tokens, log2
-// units, -inf past the end): the new running max m, the weights p, alpha = exp2(m_old - m),
-// this thread's running sum l. True when some query's max grew (then O needs rescaling).
-__device__ __forceinline__ bool softmax_step(const float (&x)[4], float& m, float& l,
-                                             float (&p)[4], float& alpha) {
-  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-  const float m_new = fmaxf(m, mx);  // finite: the tile has a real token
-  const bool grew = m_new > m;
-  alpha = fast_exp2(m - m_new);
+// One tile's step of the online softmax. This thread's scores x[i] (log2 units, -inf past the
+// end) are of token g + 8 (i >> 1) for query 2t + (i & 1) (the S^T accumulator's layout); the
+// 16 tokens of query 2t + u are in the 8 lanes of this t. Per query u: the new running max
+// m[u] (the same in those 8 lanes), the weights p, alpha[u] = exp2(m_old - m_new) and this
+// thread's running sum l[u]. True when one of this thread's maxes grew (then its O needs
+// rescaling).
+__device__ __forceinline__ bool softmax_step(const float (&x)[4], float (&m)[2], float (&l)[2],
+                                             float (&p)[4], float (&alpha)[2]) {
+  bool grew = false;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) p[i] = fast_exp2(x[i] - m_new);
-  l = l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
-  m = m_new;
-  return __any_sync(FULL, grew);
+  for (int u = 0; u < 2; ++u) {
+    float mx = fmaxf(x[u], x[2 + u]);
+#pragma unroll
+    for (int d = 4; d < 32; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));
+    const float m_new = fmaxf(m[u], mx);  // finite: the tile has a real token
+    grew |= m_new > m[u];
+    alpha[u] = fast_exp2(m[u] - m_new);
+    p[u] = fast_exp2(x[u] - m_new);
+    p[2 + u] = fast_exp2(x[2 + u] - m_new);
+    l[u] = l[u] * alpha[u] + (p[u] + p[2 + u]);
+    m[u] = m_new;
+  }
+  return grew;
+}
+
+// The 8x8 matrix of 16-bit values whose row r, columns 2c and 2c + 1 are in lane 4r + c (one
+// 8-row half of an MMA accumulator, packed), transposed: lane 4r + c then holds row r,
+// columns 2c, 2c + 1 of the transpose. Turns P^T's rows (tokens) into the B operand of
+// O^T += V^T P^T (a query's tokens).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
 }
 
 template <typename T, int D, bool TOKEN_SCALE>
 __device__ void fp8_decode(const Args& a) {
-  constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T
+  constexpr int KSTEPS = D / 16;  // k-steps of S^T = K Q^T
   constexpr int VWORDS = D / 32;  // 32-bit words of each V row a thread reads (its D/8 channels)
   constexpr int OTILES = D / 16;  // m-tiles of O^T = V^T P^T (16 channels each)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -464,21 +505,19 @@ __device__ void fp8_decode(const Args& a) {
   extern __shared__ __align__(128) uint8_t smem[];  // STAGES tiles per warp, then reused
   Stage<D>* ring = reinterpret_cast<Stage<D>*>(smem) + warp * STAGES;
 
-  // Q as A fragments (row g = query head kv_head * group + g; rows >= group and 8..15 are 0).
-  // k-step s, slots (2t, 2t+1, 2t+8, 2t+9) <-> channels t * D/4 + 4 s + (0, 1, 2, 3).
-  uint32_t qa[KSTEPS][4];
+  // Q^T as B fragments (column g = query head kv_head * group + g; zeros for g >= group).
+  // k-step s, slots (2t, 2t+1 | 2t+8, 2t+9) <-> channels t * D/4 + 4 s + (0, 1 | 2, 3).
+  uint32_t qb[KSTEPS][2];
   {
     const T* qrow = reinterpret_cast<const T*>(a.q) + b * a.q_sb +
                     (long long)(kv_head * a.group + g) * a.q_sh + t * (D / 4);
-    bool real = g < a.group;
+    const bool real = g < a.group;
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
       float x[4];
       load_q4(x, qrow + 4 * s, real);
-      qa[s][0] = pack_f16x2(x[0], x[1]);
-      qa[s][1] = 0;
-      qa[s][2] = pack_f16x2(x[2], x[3]);
-      qa[s][3] = 0;
+      qb[s][0] = pack_f16x2(x[0], x[1]);
+      qb[s][1] = pack_f16x2(x[2], x[3]);
     }
   }
   // O^T accumulators: m-tile j, thread (g, t) holds queries 2t, 2t+1 of channels
@@ -486,30 +525,35 @@ __device__ void fp8_decode(const Args& a) {
   float o[OTILES][4];
 #pragma unroll
   for (int j = 0; j < OTILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // query g's running max (log2 units) and this thread's sum
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // queries 2t, 2t+1 (softmax_step)
 
   const float k_scale = TOKEN_SCALE ? 1.f : __ldg(a.k_scale);
   const float score_scale = a.qk_scale_log2 * k_scale;
 
   TableAhead entries(a, w, lane);
   const LaneCopies<D> lanes(a, lane);
-  auto copy = [&](int i) {  // tile i into its stage (i is the same in every lane); the ring
-                            // keeps STAGES - 1 tiles in flight while one is used
-    copy_tile<D, TOKEN_SCALE>(ring[i % STAGES], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
-                              w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
+  int copied = 0, copy_stage = 0;  // tiles copied so far; the next one's stage
+  auto copy = [&]() {  // the next tile into its stage (the same in every lane); the ring keeps
+                       // STAGES - 1 tiles in flight while one is used
+    copy_tile<D, TOKEN_SCALE>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table,
+                              kv_head, w.first + copied * w.step, end, lane,
+                              entries.at(a, w, copied, lane));
+    ++copied;
+    copy_stage = copy_stage == STAGES - 1 ? 0 : copy_stage + 1;
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < w.n_tiles) copy(i);
+    if (i < w.n_tiles) copy();
     cp_async_commit();  // (an empty group keeps the counting uniform)
   }
-  for (int i = 0; i < w.n_tiles; ++i) {
+  int stage = 0;
+  for (int i = 0, t0 = w.first; i < w.n_tiles; ++i, t0 += w.step) {
     cp_async_wait<STAGES - 2>();  // tile i has landed (this lane's copies) ...
     __syncwarp();                 // ... and every lane's; the stage read last step is free
-    if (i + STAGES - 1 < w.n_tiles) copy(i + STAGES - 1);
+    if (i + STAGES - 1 < w.n_tiles) copy();
     cp_async_commit();
-    const Stage<D>& st = ring[i % STAGES];
-    const int t0 = w.first + i * w.step;
+    const Stage<D>& st = ring[stage];
+    stage = stage == STAGES - 1 ? 0 : stage + 1;
     uint32_t kw[2][D / 16], vw[4][VWORDS];  // this thread's fragment bytes (see the header)
 #pragma unroll
     for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * Stage<D>::ROW + t * (D / 4));
@@ -517,43 +561,45 @@ __device__ void fp8_decode(const Args& a) {
     for (int j = 0; j < 4; ++j)
       read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
-    // S = Q K^T for tokens t0 + 8 j + (2t, 2t+1) (row g: c[j][0..1]; rows 8+: c[j][2..3])
+    // S^T = K Q^T: K is the A operand (row g <-> token t0 + g, row g + 8 <-> t0 + g + 8), so
+    // all 16 of its rows are real; even and odd k-steps in two chains. c[.][i]: token
+    // g + 8 (i >> 1), query 2t + (i & 1).
     float c[2][4] = {};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int s = 0; s < KSTEPS; ++s) {
-        const uint32_t w = kw[j][s];
-        mma_16816(c[j], qa[s], e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
-      }
+    for (int s = 0; s < KSTEPS; ++s) {
+      const uint32_t k0 = kw[0][s], k1 = kw[1][s];
+      const uint32_t ka[4] = {e4m3x2_to_f16x2(k0), e4m3x2_to_f16x2(k1), e4m3x2_hi_to_f16x2(k0),
+                              e4m3x2_hi_to_f16x2(k1)};
+      mma_16816(c[s & 1], ka, qb[s][0], qb[s][1]);
     }
-    float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
+    float x[4];  // scores (log2 units): token g + 8 (i >> 1), query 2t + (i & 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int tok = t0 + 2 * t + (i & 1) + 8 * (i >> 1);
-      float sc = TOKEN_SCALE ? score_scale * st.ks[2 * t + (i & 1) + 8 * (i >> 1)] : score_scale;
-      x[i] = tok < end ? c[i >> 1][i & 1] * sc : -INFINITY;
+      const int tk = g + 8 * (i >> 1);
+      const float sc = TOKEN_SCALE ? score_scale * st.ks[tk] : score_scale;
+      x[i] = t0 + tk < end ? (c[0][i] + c[1][i]) * sc : -INFINITY;
     }
-    float p[4], alpha;
+    float p[4], alpha[2];
     const bool grew = softmax_step(x, m, l, p, alpha);
     if (TOKEN_SCALE) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] *= st.vs[2 * t + (i & 1) + 8 * (i >> 1)];
+      for (int i = 0; i < 4; ++i) p[i] *= st.vs[g + 8 * (i >> 1)];
     }
-    // Rescale O only when some query's max grew (alpha is 1 otherwise: skipping is exact).
-    // O^T's columns are queries 2t, 2t+1, whose alphas live in lanes 4 * (2t) and 4 * (2t+1).
+    // Rescale O only where a max grew (alpha is 1 otherwise: skipping is exact). O^T's
+    // columns are queries 2t, 2t+1: this thread's own alphas.
     if (grew) {
-      const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
 #pragma unroll
       for (int j = 0; j < OTILES; ++j) {
-        o[j][0] *= a0; o[j][1] *= a1; o[j][2] *= a0; o[j][3] *= a1;
+        o[j][0] *= alpha[0]; o[j][1] *= alpha[1]; o[j][2] *= alpha[0]; o[j][3] *= alpha[1];
       }
     }
-    // O^T += V^T P^T: P^T is the B operand (k-slot i <-> token t0 + i, column g <-> query g),
-    // straight from the S accumulator. V^T is the A operand: m-tile 2w + h, row g <-> channel
-    // g * D/8 + 4w + 2h, row g + 8 <-> the next channel; its 16-bit halves want two *tokens*
-    // of one channel, which prmt gathers from the token rows (bytes 0, 4, 1, 5 / 2, 6, 3, 7).
-    const uint32_t pb0 = pack_f16x2(p[0], p[1]), pb1 = pack_f16x2(p[2], p[3]);
+    // O^T += V^T P^T: P^T is the B operand (k-slot i <-> token t0 + i, column g <-> query g):
+    // the transposes of the two 8-token halves of P^T as it stands. V^T is the A operand:
+    // m-tile 2w + h, row g <-> channel g * D/8 + 4w + 2h, row g + 8 <-> the next channel; its
+    // 16-bit halves want two *tokens* of one channel, which prmt gathers from the token rows
+    // (bytes 0, 4, 1, 5 / 2, 6, 3, 7).
+    const uint32_t pb0 = transpose8x8(pack_f16x2(p[0], p[1]));
+    const uint32_t pb1 = transpose8x8(pack_f16x2(p[2], p[3]));
 #pragma unroll
     for (int w = 0; w < VWORDS; ++w) {
       const uint32_t lo01 = prmt(vw[0][w], vw[1][w], 0x5140);  // ch 4w | 4w+1, tokens 2t, 2t+1
@@ -569,14 +615,11 @@ __device__ void fp8_decode(const Args& a) {
     }
   }
   cp_async_wait<0>();
-  l += __shfl_xor_sync(FULL, l, 1);
-  l += __shfl_xor_sync(FULL, l, 2);
-  // This thread's output queries 2t + u (u = 0, 1): their max and sum live in lane 4 (2t + u).
-  float mq[2], lq[2];
+  // This thread's output queries 2t + u: their max is m[u]; their sum, the 8 lanes' l[u].
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    mq[u] = __shfl_sync(FULL, m, 4 * (2 * t + u));
-    lq[u] = __shfl_sync(FULL, l, 4 * (2 * t + u));
+  for (int d = 4; d < 32; d *= 2) {
+    l[0] += __shfl_xor_sync(FULL, l[0], d);
+    l[1] += __shfl_xor_sync(FULL, l[1], d);
   }
   // This thread's outputs: queries 2t + u, channels chan + 4w + (0..3) are o[2w][u],
   // o[2w][2 + u], o[2w + 1][u], o[2w + 1][2 + u].
@@ -594,7 +637,7 @@ __device__ void fp8_decode(const Args& a) {
     }
   }
   const float v_scale = TOKEN_SCALE ? 1.f : __ldg(a.v_scale);
-  finish_head<T, D>(a, smem, ov, base, mq, lq, v_scale, kv_head, start, end, w.n_chunks);
+  finish_head<T, D>(a, smem, ov, base, m, l, v_scale, kv_head, start, end, w.n_chunks);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -630,12 +673,9 @@ __device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const LaneCopie
                                                long long v_minus_k, const int* table, int head,
                                                int t0, int end, int lane, int blk) {
   lc.template tile<INT4_L2_PREFETCH>(st.k, st.v, a, k_head, v_minus_k, table, t0, end, blk);
-  const int mask = (1 << a.block_shift) - 1;
-  const bool one_block = a.block_shift >= 4;
-  const int row = lane % TILE, tok = t0 + row;
-  const bool ok = tok < end;
-  const long long b = one_block ? blk : ok ? table[tok >> a.block_shift] : 0;
-  const long long s = b * a.s_sb + (tok & mask) * a.s_st + head * a.s_sh;  // float16s
+  bool ok;
+  const long long s = scale_slot(a, table, head, t0, end, lane, blk, ok);  // float16s
+  const int row = lane % TILE;
   if (lane < TILE) {
     cp_async_4(st.ks + row, reinterpret_cast<const __half*>(a.k_scale) + s, ok);
     cp_async_4(st.kz + row, reinterpret_cast<const __half*>(a.k_zero) + s, ok);
@@ -671,62 +711,71 @@ __device__ void int4_decode(const Args& a) {
   extern __shared__ __align__(128) uint8_t smem[];
   Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
 
-  // Q as A fragments. K-step (h, w), h = 0 for the low nibbles (channels < D/2), 1 for the
-  // high: slots (2t, 2t+1) <-> channels c, c+2 and (2t+8, 2t+9) <-> c+1, c+3, with
-  // c = h * D/2 + t * D/8 + 4w (the order a word's nibbles unpack in). qsum: sum of query g's
-  // float16 q over each half (this thread's channels, then the 4 threads of the row).
-  uint32_t qa[2][KW][4];
-  float qsum[2] = {0.f, 0.f};
+  // Q^T as B fragments (column g <-> query g). K-step (h, w), h = 0 for the low nibbles
+  // (channels < D/2), 1 for the high: slots (2t, 2t+1) <-> channels c, c+2 and (2t+8, 2t+9)
+  // <-> c+1, c+3, with c = h * D/2 + t * D/8 + 4w (the order a word's nibbles unpack in).
+  // qz[h][u]: the sum of query 2t + u's float16 q over half h, times the softmax scale (the
+  // zero points' term of its scores).
+  uint32_t qb[2][KW][2];
+  float qz[2][2];
   {
     const T* qrow = reinterpret_cast<const T*>(a.q) + b * a.q_sb +
                     (long long)(kv_head * a.group + g) * a.q_sh + t * (D / 8);
     const bool real = g < a.group;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      float qsum = 0.f;  // query g's, over half h (this thread's channels, then its row's 4)
 #pragma unroll
       for (int w = 0; w < KW; ++w) {
         float x[4];
         load_q4(x, qrow + h * (D / 2) + 4 * w, real);
-        qa[h][w][0] = pack_f16x2(x[0], x[2]);
-        qa[h][w][1] = 0;
-        qa[h][w][2] = pack_f16x2(x[1], x[3]);
-        qa[h][w][3] = 0;
-        const float2 s0 = f16x2_to_float2(qa[h][w][0]), s1 = f16x2_to_float2(qa[h][w][2]);
-        qsum[h] += (s0.x + s0.y) + (s1.x + s1.y);
+        qb[h][w][0] = pack_f16x2(x[0], x[2]);
+        qb[h][w][1] = pack_f16x2(x[1], x[3]);
+        const float2 s0 = f16x2_to_float2(qb[h][w][0]), s1 = f16x2_to_float2(qb[h][w][1]);
+        qsum += (s0.x + s0.y) + (s1.x + s1.y);
       }
-      qsum[h] += __shfl_xor_sync(FULL, qsum[h], 1);
-      qsum[h] += __shfl_xor_sync(FULL, qsum[h], 2);
+      qsum += __shfl_xor_sync(FULL, qsum, 1);
+      qsum += __shfl_xor_sync(FULL, qsum, 2);
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+        qz[h][u] = __shfl_sync(FULL, qsum, 4 * (2 * t + u)) * a.qk_scale_log2;
     }
   }
+  const float low_qk = LOW_UNIT * a.qk_scale_log2, high_qk = HIGH_UNIT * a.qk_scale_log2;
   // O^T accumulators per half h, m-tile j: thread (g, t) holds queries 2t, 2t+1 of the
   // channels h * D/2 + g * D/16 + 2j (o[h][j][0..1]) and the next one (o[h][j][2..3]); they
-  // hold sum_t p_t scale_h(t) code / 2^24 (2^20 for h = 1), and zs sum_t p_t zero_h(t).
+  // hold sum_t p_t scale_h(t) code / 2^24 (2^20 for h = 1), and zs[h][u] this thread's
+  // tokens' sum_t p_t zero_h(t) for query 2t + u.
   float o[2][OT][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int j = 0; j < OT; ++j) o[h][j][0] = o[h][j][1] = o[h][j][2] = o[h][j][3] = 0.f;
-  float m = -INFINITY, l = 0.f;
-  float zs[2] = {0.f, 0.f};  // sum_t p_t zero_h(t) (query g, this thread's tokens)
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float zs[2][2] = {};
 
   TableAhead entries(a, w, lane);
   const LaneCopies<D / 2> lanes(a, lane);
-  auto copy = [&](int i) {
-    copy_int4_tile<D>(ring[i % STAGES], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
-                      w.first + i * w.step, end, lane, entries.at(a, w, i, lane));
+  int copied = 0, copy_stage = 0;
+  auto copy = [&]() {
+    copy_int4_tile<D>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
+                      w.first + copied * w.step, end, lane, entries.at(a, w, copied, lane));
+    ++copied;
+    copy_stage = copy_stage == STAGES - 1 ? 0 : copy_stage + 1;
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < w.n_tiles) copy(i);
+    if (i < w.n_tiles) copy();
     cp_async_commit();
   }
-  for (int i = 0; i < w.n_tiles; ++i) {
+  int stage = 0;
+  for (int i = 0, t0 = w.first; i < w.n_tiles; ++i, t0 += w.step) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
-    if (i + STAGES - 1 < w.n_tiles) copy(i + STAGES - 1);
+    if (i + STAGES - 1 < w.n_tiles) copy();
     cp_async_commit();
-    const Int4Stage<D>& st = ring[i % STAGES];
-    const int t0 = w.first + i * w.step;
+    const Int4Stage<D>& st = ring[stage];
+    stage = stage == STAGES - 1 ? 0 : stage + 1;
     uint32_t kw[2][KW], vw[4][VW];
 #pragma unroll
     for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * ROW + t * (D / 8));
@@ -734,52 +783,62 @@ __device__ void int4_decode(const Args& a) {
     for (int j = 0; j < 4; ++j)
       read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16));
 
-    // S: per half, Q . codes / 2^24 (2^20) for tokens t0 + 8 j + (2t, 2t+1)
-    float c[2][2][4] = {};
+    // S^T = K Q^T per half (K the A operand: rows g, g+8 <-> tokens t0 + g, t0 + g + 8), in
+    // units of 2^-24 (2^-20). c[h][i]: token g + 8 (i >> 1), query 2t + (i & 1).
+    float c[2][4] = {};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int w = 0; w < KW; ++w) {
-        const uint32_t x = kw[j][w], y = x >> 8;  // bytes 0, 2 | bytes 1, 3
-        mma_16816(c[0][j], qa[0][w], low_nibbles(x), low_nibbles(y));
-        mma_16816(c[1][j], qa[1][w], high_nibbles(x), high_nibbles(y));
-      }
+    for (int w = 0; w < KW; ++w) {
+      const uint32_t x = kw[0][w], y = kw[1][w], x8 = x >> 8, y8 = y >> 8;  // bytes 1, 3 low
+      const uint32_t lo[4] = {low_nibbles(x), low_nibbles(y), low_nibbles(x8), low_nibbles(y8)};
+      mma_16816(c[0], lo, qb[0][w][0], qb[0][w][1]);
+      const uint32_t hi[4] = {high_nibbles(x), high_nibbles(y), high_nibbles(x8),
+                              high_nibbles(y8)};
+      mma_16816(c[1], hi, qb[1][w][0], qb[1][w][1]);
     }
-    float x[4];  // scores (log2 units) of tokens 2t, 2t+1, 2t+8, 2t+9
+    float x[4];  // scores (log2 units): token g + 8 (i >> 1), query 2t + (i & 1)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
+    for (int r = 0; r < 2; ++r) {
+      const int tk = g + 8 * r;
       const float2 ks = f16x2_to_float2(st.ks[tk]), kz = f16x2_to_float2(st.kz[tk]);
-      const float s = LOW_UNIT * ks.x * c[0][i >> 1][i & 1] + HIGH_UNIT * ks.y * c[1][i >> 1][i & 1]
-                      + kz.x * qsum[0] + kz.y * qsum[1];
-      x[i] = t0 + tk < end ? s * a.qk_scale_log2 : -INFINITY;
-    }
-    float p[4], alpha;
-    const bool grew = softmax_step(x, m, l, p, alpha);
-    // P'^T per half: p_t scale_h(t) in float16 (B operand: k-slot i <-> token t0 + i)
-    uint32_t pb[2][2];
+      const float k0 = low_qk * ks.x, k1 = high_qk * ks.y;
+      const bool real = t0 + tk < end;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float pv[4], z = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
-        const float2 vs = f16x2_to_float2(st.vs[tk]), vz = f16x2_to_float2(st.vz[tk]);
-        pv[i] = p[i] * (h ? vs.y : vs.x);
-        z += p[i] * (h ? vz.y : vz.x);
+      for (int u = 0; u < 2; ++u) {
+        const int i = 2 * r + u;
+        x[i] = real ? k0 * c[0][i] + k1 * c[1][i] + (kz.x * qz[0][u] + kz.y * qz[1][u])
+                    : -INFINITY;
       }
-      pb[h][0] = pack_f16x2(pv[0], pv[1]);
-      pb[h][1] = pack_f16x2(pv[2], pv[3]);
-      zs[h] = zs[h] * alpha + z;
     }
+    float p[4], alpha[2];
+    const bool grew = softmax_step(x, m, l, p, alpha);
     if (grew) {
-      const float a0 = __shfl_sync(FULL, alpha, 8 * t), a1 = __shfl_sync(FULL, alpha, 8 * t + 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < OT; ++j) {
-          o[h][j][0] *= a0; o[h][j][1] *= a1; o[h][j][2] *= a0; o[h][j][3] *= a1;
+          o[h][j][0] *= alpha[0]; o[h][j][1] *= alpha[1];
+          o[h][j][2] *= alpha[0]; o[h][j][3] *= alpha[1];
         }
+    }
+    // P'^T per half: p_t scale_h(t) in float16, this thread's rows (tokens g, g+8) times their
+    // scale, transposed into the B operand (k-slot i <-> token t0 + i, column g <-> query g);
+    // and the zero points' sums.
+    const uint32_t pg = pack_f16x2(p[0], p[1]), pg8 = pack_f16x2(p[2], p[3]);
+    const __half2 vs_g = *reinterpret_cast<const __half2*>(&st.vs[g]);
+    const __half2 vs_g8 = *reinterpret_cast<const __half2*>(&st.vs[g + 8]);
+    const float2 vz_g = f16x2_to_float2(st.vz[g]), vz_g8 = f16x2_to_float2(st.vz[g + 8]);
+    uint32_t pb[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 s_g = h ? __high2half2(vs_g) : __low2half2(vs_g);
+      const __half2 s_g8 = h ? __high2half2(vs_g8) : __low2half2(vs_g8);
+      const __half2 r0 = __hmul2(*reinterpret_cast<const __half2*>(&pg), s_g);
+      const __half2 r1 = __hmul2(*reinterpret_cast<const __half2*>(&pg8), s_g8);
+      pb[h][0] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r0));
+      pb[h][1] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r1));
+      const float z0 = h ? vz_g.y : vz_g.x, z1 = h ? vz_g8.y : vz_g8.x;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) zs[h][u] = zs[h][u] * alpha[u] + (p[u] * z0 + p[2 + u] * z1);
     }
     // O^T += V^T P'^T: word k of a token row holds bytes 4k..4k+3 of this thread's D/16;
     // prmt pairs tokens (2t, 2t+1) and (2t+8, 2t+9) byte by byte (bytes 0, 1 | 2, 3), and the
@@ -801,23 +860,23 @@ __device__ void int4_decode(const Args& a) {
     }
   }
   cp_async_wait<0>();
+  // Queries 2t + u: their max is m[u]; their sum and zero-point corrections, the 8 lanes'.
 #pragma unroll
-  for (int d = 1; d <= 2; d *= 2) {
-    l += __shfl_xor_sync(FULL, l, d);
+  for (int d = 4; d < 32; d *= 2) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) zs[h] += __shfl_xor_sync(FULL, zs[h], d);
+    for (int u = 0; u < 2; ++u) {
+      l[u] += __shfl_xor_sync(FULL, l[u], d);
+      zs[0][u] += __shfl_xor_sync(FULL, zs[0][u], d);
+      zs[1][u] += __shfl_xor_sync(FULL, zs[1][u], d);
+    }
   }
-  // Queries 2t + u: their max, sum and corrections live in lane 4 (2t + u).
-  float mq[2], lq[2], ov[2][D / 8];
+  float ov[2][D / 8];
   int base[D / 32];
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
-    const int src = 4 * (2 * t + u);
-    mq[u] = __shfl_sync(FULL, m, src);
-    lq[u] = __shfl_sync(FULL, l, src);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float shift = __shfl_sync(FULL, zs[h], src), unit = h ? HIGH_UNIT : LOW_UNIT;
+      const float shift = zs[h][u], unit = h ? HIGH_UNIT : LOW_UNIT;
 #pragma unroll
       for (int k = 0; k < VW; ++k) {  // channels h * D/2 + g * D/16 + 4k + (0..3)
         const int n = h * VW + k;
@@ -829,8 +888,9 @@ __device__ void int4_decode(const Args& a) {
       }
     }
   }
-  finish_head<T, D>(a, smem, ov, base, mq, lq, 1.f, kv_head, start, end, w.n_chunks);
+  finish_head<T, D>(a, smem, ov, base, m, l, 1.f, kv_head, start, end, w.n_chunks);
 }
+
 
 
 // Combine the chunks of each (sequence, query head): grid (Hq, B), blockDim.x / 32 warps

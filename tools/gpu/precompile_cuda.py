@@ -1,6 +1,7 @@
 """Compile the CUDA decode kernels' cubins for sm_90 here (nvcc, no GPU needed) so that a GPU
 call spends its minutes running, not compiling (each build takes ~10 s): the default build,
-the ``WARPS_PER_HEAD`` variants the tests and the probe use, and with ``--mutants`` the planted
+the ``WARPS_PER_HEAD`` variants the tests and the probe use (each also for blocks of fewer
+than 16 tokens, ``SMALL_BLOCKS=1``), and with ``--mutants`` the planted
 mistakes of ``tests/test_gpu_cuda_fp8.py``. Carry the folder and point ``PAGED_REF_CACHE`` at it:
 
     PAGED_REF_CACHE=$PWD/build/cubins python tools/gpu/precompile_cuda.py --mutants
@@ -26,8 +27,9 @@ def main() -> None:
     parser.add_argument("--stages", default="3", help="ring stages, e.g. 3,4 (for the probe)")
     parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
     args = parser.parse_args()
-    jobs = [(int(n), d, None) for n in args.stages.split(",")
-            for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))]
+    jobs = [(int(n), (*d, *small), None) for n in args.stages.split(",")
+            for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))
+            for small in ((), ("SMALL_BLOCKS=1",))]  # (plan_cuda_for's order of defines)
     if args.mutants:
         spec = importlib.util.spec_from_file_location(
             "gpu_tests", ROOT / "tests" / "test_gpu_cuda_fp8.py")
