@@ -17,15 +17,21 @@
 //   waits on a table read; the tiles are stored unpadded with their 16-byte chunks permuted
 //   (swizzled, below), so each 128-byte line copies as one L2 request and the fragment reads
 //   still spread over the banks;
-// * S = Q K^T is mma.sync m16n8k16 (float16 in, float32 accumulate) with the query heads of
-//   one KV head as rows (GROUP <= 8 of the 16 are real); O^T += V^T P^T has the channels as
-//   rows, so all 16 are real and P^T is the S accumulator as it stands;
+// * the MMAs are mma.sync m16n8k16 (float16 in, float32 accumulate), with the 16-row A
+//   operand always full: S^T = K Q^T has the tile's 16 tokens as rows and the query heads of
+//   one KV head as the 8 columns (GROUP <= 8 real), so a tile takes D/16 MMAs, half of what
+//   S = Q K^T with 16 query rows (12 of them padding for GROUP 4) would; O^T += V^T P^T has
+//   the channels as rows. P^T's B operand is the S^T accumulator transposed in registers
+//   (movmatrix, one instruction per 8 tokens);
 // * the order of a dot product's terms is free, so each thread's channels are chosen to be
-//   contiguous in memory: for K a thread reads 32 bytes of one token (D = 128), for V 16 bytes
-//   of each of 4 tokens; Q (loaded once) and the output use the same channel order;
+//   contiguous in memory: for K a thread reads 32 bytes of each of 2 tokens (D = 128), for V
+//   16 bytes of each of 4 tokens; Q (loaded once) and the output use the same channel order;
 // * V's MMA operand wants two *tokens* of one channel in each 16-bit half: two byte permutes
 //   (prmt) build them from two token rows, then one cvt.rn.f16x2.e4m3x2 makes two float16s;
-// * O is rescaled only when some query's running max grew (rare after the first tiles).
+// * a thread holds 2 tokens of 2 queries; a query's running max is shared by the 8 lanes that
+//   hold its tokens (3 shuffles), and a thread rescales its own O columns, only when one of
+//   its queries' max grew (rare after the first tiles);
+// * blocks of >= 16 tokens (SMALL_BLOCKS 0) hold whole tiles; smaller ones get their own build.
 //
 // Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
 // scales float32 (one per tensor, or one per token-head [num_blocks, block_size, Hkv]).
@@ -653,7 +659,8 @@ __device__ void fp8_decode(const Args& a) {
 //   sum over thousands of tokens loses the digits a small average needs.)
 // * every MMA's 16 channels lie in one half, so one (scale, zero) per token applies:
 //   S_t = sum_h scale_h(t) * (q_h . codes_h(t)) + zero_h(t) * sum(q_h), two accumulators;
-//   O = sum_t (p_t scale_h(t)) codes_h(t) + sum_t p_t zero_h(t), p_t scale_h(t) as the B operand.
+//   O = sum_t (p_t scale_h(t)) codes_h(t) + sum_t p_t zero_h(t), p_t scale_h(t) (float16,
+//   multiplied before the transpose, so each thread scales its own 2 tokens) as the B operand.
 
 template <int D>
 struct Int4Stage {
