@@ -21,7 +21,7 @@ import torch
 from paged_ref.course.bench import SHAPE, bytes_moved
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LENGTHS = (16384, 32768, 65536, 131072, 262144)
@@ -61,7 +61,7 @@ def flush_comparison(copy_bw: float) -> dict:
     for name, flush in (("write 256 MB (do_bench)", buf.zero_),
                         ("read 256 MB", lambda: torch.sum(buf, dim=0, out=sink))):
         ms = flushed_ms(lambda: plan.run(*args, out=out), flush)
-        rows[name] = dict(ms=ms, pct_copy_bw=100 * nbytes / (ms * 1e-3) / (copy_bw * 1e9))
+        rows[name] = dict(ms=ms, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
         print(name, rows[name], flush=True)
     return rows
 
@@ -80,13 +80,13 @@ def main() -> None:
             nbytes = bytes_moved(inp)
             rows.append(dict(kv_format=fmt, seq_len=length, bytes=nbytes, ms=ms,
                              chunks=plan.max_chunks,
-                             pct_copy_bw=100 * nbytes / (ms * 1e-3) / (copy_bw * 1e9)))
+                             pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw))
             print(rows[-1], flush=True)
             points.append((nbytes, ms))
             del inp
         slope, intercept = fit(*zip(*points, strict=True))
         fits[fmt] = dict(fixed_us=1e3 * intercept,
-                         streaming_pct_copy_bw=100 / (slope * 1e-3) / (copy_bw * 1e9))
+                         streaming_pct_copy_bw=100 * gbps(1, slope) / copy_bw)
         print(fmt, fits[fmt], flush=True)
     flushes = flush_comparison(copy_bw)
     out = Path(os.environ.get("OUT", "/tmp/out"))
