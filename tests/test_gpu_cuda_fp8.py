@@ -53,6 +53,26 @@ def test_cuda_fp8_warps_sharing_a_head(fmt, case):
         assert_close(out, inp.reference(), name=f"2 warps a head, {fmt} case {case}")
 
 
+def outlier_inputs(fmt: str):
+    """Two sequences; in the first, tokens 700 and 701 have K 40x the others', so their scores
+    sit far above the running max of every tile before them (the softmax's reference max must
+    move there, or the weights overflow float16)."""
+    inp = make_paged_inputs([1100, 300], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=12)
+    block_size = inp.k_cache.shape[1]
+    for tok in (700, 701):
+        inp.k_cache[int(inp.block_tables[0, tok // block_size]), tok % block_size] *= 40
+    return inp.quantized(fmt)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
+def test_cuda_kernels_follow_a_score_far_above_the_running_max(fmt):
+    inp = outlier_inputs(fmt)
+    for chunk_len in (None, 320):
+        out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len)
+        assert_close(out, inp.reference(), name=f"outlier scores, {fmt}, chunk {chunk_len}")
+
+
 def test_cuda_fp8_out_with_odd_strides():
     """An out (and a q) whose rows are not 4-element aligned go through temporaries."""
     inp = make_paged_inputs([100, 700], num_q_heads=8, num_kv_heads=2, head_dim=64,
@@ -98,10 +118,13 @@ MUTANTS = {
                              "x[i] = (c[0][i] + c[1][i]) * sc;"),
     "V channels paired wrongly": ("prmt(vw[0][w], vw[1][w], 0x5140)",
                                   "prmt(vw[0][w], vw[1][w], 0x4150)"),
-    "no rescale of O": (FP8_RESCALE, ""),
-    "rescale only when the second query's max grew": ("grew |= m_new > m[u];",
-                                                      "grew = m_new > m[u];"),
-    "alphas of the wrong queries": (
+    "no rescale of O (outlier scores)": (FP8_RESCALE, ""),
+    "rescale only when the second query's max grew (outlier scores)": (
+        "grew |= m_new > m[u];", "grew = m_new > m[u];"),
+    "weights' alpha left unset when no max moves": ("  alpha[0] = alpha[1] = 1.f;\n", ""),
+    "slack past float16's range (an outlier score overflows)": (
+        "#define RESCALE_SLACK 8.f", "#define RESCALE_SLACK 64.f"),
+    "alphas of the wrong queries (outlier scores)": (
         FP8_RESCALE, FP8_RESCALE.replace("alpha[0]", "alpha[2]").replace(
             "alpha[1]", "alpha[0]").replace("alpha[2]", "alpha[1]")),
     "max over half of a query's tokens": (
@@ -141,6 +164,8 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
     inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=11).quantized(
                                 "int4" if mutant.startswith("int4") else "fp8")
+    if "outlier" in mutant:  # (after the first tile the reference max rarely moves otherwise)
+        inp = outlier_inputs("fp8")
     if "wait" in mutant:
         # 8 long chunks of one sequence: every decode CTA starts at once and runs ~1 ms, so a
         # merge that does not wait reads the partials while they are still NaN

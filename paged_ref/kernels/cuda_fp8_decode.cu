@@ -28,9 +28,9 @@
 //   16 bytes of each of 4 tokens; Q (loaded once) and the output use the same channel order;
 // * V's MMA operand wants two *tokens* of one channel in each 16-bit half: two byte permutes
 //   (prmt) build them from two token rows, then one cvt.rn.f16x2.e4m3x2 makes two float16s;
-// * a thread holds 2 tokens of 2 queries; a query's running max is shared by the 8 lanes that
-//   hold its tokens (3 shuffles), and a thread rescales its own O columns, only when one of
-//   its queries' max grew (rare after the first tiles);
+// * a thread holds 2 tokens of 2 queries; a query's reference max is shared by the 8 lanes
+//   that hold its tokens, and moves (3 shuffles, then a thread rescales its own O columns) only
+//   when a score passes it by more than 2^8 in weight: after the first tile, rarely;
 // * blocks of >= 16 tokens (SMALL_BLOCKS 0) hold whole tiles; smaller ones get their own build.
 //
 // Cache layout as everywhere in paged_ref: codes [num_blocks, block_size, Hkv, D] (bytes),
@@ -464,25 +464,39 @@ struct TableAhead {
 
 // One tile's step of the online softmax. This thread's scores x[i] (log2 units, -inf past the
 // end) are of token g + 8 (i >> 1) for query 2t + (i & 1) (the S^T accumulator's layout); the
-// 16 tokens of query 2t + u are in the 8 lanes of this t. Per query u: the new running max
-// m[u] (the same in those 8 lanes), the weights p, alpha[u] = exp2(m_old - m_new) and this
-// thread's running sum l[u]. True when one of this thread's maxes grew (then its O needs
-// rescaling).
+// 16 tokens of query 2t + u are in the 8 lanes of this t. Per query u: the running reference
+// max m[u] (the same in those 8 lanes), the weights p = exp2(x - m), alpha[u] = exp2(m_old -
+// m_new) and this thread's running sum l[u]. True when one of this thread's maxes grew (then
+// its O needs rescaling).
+// m need not be the exact running max, only close enough that no weight overflows: it moves
+// only when some score of the warp passes its query's m by more than RESCALE_SLACK (weights up
+// to 2^8, exact in float16 and float32), and then to the tile's max. Most tiles after the
+// first skip the 3-shuffle max of each query and the rescale (FlashAttention-4's conditional
+// rescaling); the answer is the same, because l and O are both relative to the same m.
+#define RESCALE_SLACK 8.f
 __device__ __forceinline__ bool softmax_step(const float (&x)[4], float (&m)[2], float (&l)[2],
                                              float (&p)[4], float (&alpha)[2]) {
+  const bool over = x[0] > m[0] + RESCALE_SLACK || x[1] > m[1] + RESCALE_SLACK ||
+                    x[2] > m[0] + RESCALE_SLACK || x[3] > m[1] + RESCALE_SLACK;
   bool grew = false;
+  alpha[0] = alpha[1] = 1.f;
+  if (__any_sync(FULL, over)) {  // (the same branch in every lane: m stays uniform)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float mx = fmaxf(x[u], x[2 + u]);
+#pragma unroll
+      for (int d = 4; d < 32; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));
+      const float m_new = fmaxf(m[u], mx);  // finite: the tile has a real token
+      grew |= m_new > m[u];
+      alpha[u] = fast_exp2(m[u] - m_new);
+      m[u] = m_new;
+    }
+  }
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
-    float mx = fmaxf(x[u], x[2 + u]);
-#pragma unroll
-    for (int d = 4; d < 32; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));
-    const float m_new = fmaxf(m[u], mx);  // finite: the tile has a real token
-    grew |= m_new > m[u];
-    alpha[u] = fast_exp2(m[u] - m_new);
-    p[u] = fast_exp2(x[u] - m_new);
-    p[2 + u] = fast_exp2(x[2 + u] - m_new);
+    p[u] = fast_exp2(x[u] - m[u]);
+    p[2 + u] = fast_exp2(x[2 + u] - m[u]);
     l[u] = l[u] * alpha[u] + (p[u] + p[2 + u]);
-    m[u] = m_new;
   }
   return grew;
 }
