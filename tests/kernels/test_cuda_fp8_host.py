@@ -242,3 +242,68 @@ def test_cuda_refusal_reads_int4_halves_under_either_name():
         assert "compute capability" in refusal
     assert "not int4_g128" in cuda_fp8.cuda_refusal("int4_g128", torch.bfloat16, "cpu",
                                                    head_dim=128, group=4, block_size=16)
+
+
+# --- the two builds: blocks of >= 16 tokens and smaller ones (SMALL_BLOCKS) ---------------
+
+def plan_defines(monkeypatch, block_size: int, defines=()) -> tuple:
+    """The -D defines plan_cuda_for asks the kernels to be built with, on a pretend H200."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        multi_processor_count=132, shared_memory_per_block_optin=232448))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    asked = []
+    monkeypatch.setattr(cuda_fp8, "_function",
+                        lambda dev, name, stages, d, src: asked.append(d) or ctypes.c_void_p())
+    cuda_fp8.plan_cuda_for((64, 32, 128), block_size, 8, torch.bfloat16, "cuda:0",
+                           KVFormat.parse("fp8"), max_len=256, defines=defines)
+    assert len(asked) == 1  # (whole sequences: no merge kernel)
+    return asked[0]
+
+
+def test_plans_build_the_small_blocks_kernels_for_blocks_under_16(monkeypatch):
+    for block_size in (1, 2, 4, 8):
+        assert "SMALL_BLOCKS=1" in plan_defines(monkeypatch, block_size)
+    for block_size in (16, 32, 256):
+        assert not any(d.startswith("SMALL_BLOCKS") for d in plan_defines(monkeypatch, block_size))
+    # the block size decides, whatever the caller passed
+    assert "SMALL_BLOCKS=1" in plan_defines(monkeypatch, 8, defines=("SMALL_BLOCKS=0",))
+    assert "SMALL_BLOCKS=1" not in plan_defines(monkeypatch, 16, defines=("SMALL_BLOCKS=1",))
+
+
+def loop_loads(sass: str) -> list[int]:
+    """Global loads to registers (LDG; not the LDGSTS copies to shared memory) in each loop
+    with MMAs of a kernel's SASS (a loop: a backward branch)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)
+    at = {int(a, 16): i for i, (a, _) in enumerate(ins)}
+    counts = []
+    for i, (a, text) in enumerate(ins):
+        target = re.search(r"BRA\s.*?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < int(a, 16):
+            body = ins[at[int(target.group(1), 16)]:i + 1]
+            if any("HMMA" in t for _, t in body):
+                counts.append(sum(bool(re.search(r"(^|\s)LDG[.\s]", t)) for _, t in body))
+    return counts
+
+
+@needs_nvcc
+def test_blocks_of_16_copy_without_a_table_read_per_row(tmp_path, monkeypatch):
+    """The common build reads one block-table entry per lane every 32 tiles (the look-ahead);
+    the SMALL_BLOCKS build also reads one per token row in the loop."""
+    monkeypatch.setenv("PAGED_REF_CACHE", str(tmp_path))
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    # the planted mistake: the block size decided at run time, both paths in one build
+    text = cuda_fp8.SOURCE.read_text()
+    fast = "if constexpr (!SMALL_BLOCKS) {  // the whole tile in block blk"
+    assert text.count(fast) == 1
+    (tmp_path / "runtime.cu").write_text(text.replace(fast, "if (a.block_shift >= 4) {"))
+    loads = {}
+    for build, defines, source in (("common", (), None), ("small", ("SMALL_BLOCKS=1",), None),
+                                   ("runtime", (), tmp_path / "runtime.cu")):
+        cubin = cuda_fp8.compile_cubin("sm_90", defines=defines, source=source)
+        sass = subprocess.run([tools / "cuobjdump", "-sass", "-fun", "int4_decode_bf16_d128",
+                               cubin], check=True, capture_output=True, text=True).stdout
+        loads[build] = min(loop_loads(sass))  # the tile loop (the innermost with MMAs)
+    assert loads["common"] <= 1 < loads["small"]
+    assert loads["runtime"] > 1  # (predicated off, its per-row table reads still issue)
