@@ -125,8 +125,8 @@ MUTANTS = {
     "slack past float16's range (an outlier score overflows)": (
         "#define RESCALE_SLACK 8.f", "#define RESCALE_SLACK 64.f"),
     "alphas of the wrong queries (outlier scores)": (
-        FP8_RESCALE, FP8_RESCALE.replace("alpha[0]", "alpha[2]").replace(
-            "alpha[1]", "alpha[0]").replace("alpha[2]", "alpha[1]")),
+        FP8_RESCALE,
+        "o[j][0] *= alpha[1]; o[j][1] *= alpha[0]; o[j][2] *= alpha[1]; o[j][3] *= alpha[0];"),
     "max over half of a query's tokens": (
         "for (int d = 4; d < 32; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));",
         "for (int d = 4; d < 16; d *= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, d));"),
