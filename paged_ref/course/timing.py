@@ -5,6 +5,8 @@ On a GPU (:func:`gpu_timing_available`):
 * :func:`time_ms`: median milliseconds of a call, ``triton.testing.do_bench`` (warm-up, the L2
   flushed before each run, CUDA events); what every GPU number of the course is;
 * :func:`graph_ms`: the same call replayed from a CUDA graph (no Python launch cost);
+* :func:`events_ms`: median milliseconds of a call timed with CUDA events, with one's own
+  step (an L2 flush of another kind, or none) before each call; for the probes in tools/gpu;
 * :func:`cpu_us_per_call`: host microseconds per call (the Python launch path);
 * :func:`copy_bandwidth_gbps`: the device-to-device copy bandwidth, the practical ceiling;
 * :func:`matmul_tflops`: the dense bf16 matmul rate, the compute ceiling;
@@ -36,6 +38,24 @@ def time_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def events_ms(fn: Callable[[], object], before: Callable[[], object] | None = None,
+              reps: int = 100, warmup: int = 10) -> float:
+    """Median milliseconds of ``fn`` timed with CUDA events, ``before()`` (not timed) ahead of
+    each call: ``time_ms`` with a flush of the caller's choosing, or back to back (``None``).
+    The first ``warmup`` calls are not counted."""
+    times = []
+    for _ in range(warmup + reps):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times[warmup:])[reps // 2]
 
 
 def graph_ms(fn: Callable[[], object]) -> float | None:

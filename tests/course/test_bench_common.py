@@ -94,3 +94,38 @@ def test_suites_refuse_without_a_gpu_and_say_what_they_would_measure(suite, argv
     assert entry.main(["--suite", suite, *argv]) == 2
     out = capsys.readouterr().out
     assert all(text in out for text in ["No CUDA GPU", *expected]), out
+
+
+def test_events_ms_times_only_the_call_after_its_warm_up(monkeypatch):
+    """``before()`` runs ahead of every call and is not timed; warm-up calls are dropped; the
+    median of the rest is returned (CUDA events stood in for by a clock the calls advance)."""
+    from paged_ref.course import timing
+
+    clock = {"now": 0.0}
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.at = clock["now"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    durations = iter([100.0, 100.0, 3.0, 1.0, 2.0])  # two warm-up calls, then 3, 1, 2 ms
+    flushes = []
+
+    def call():
+        clock["now"] += next(durations)
+
+    def flush():
+        flushes.append(1)
+        clock["now"] += 50.0  # (not timed)
+
+    assert timing.events_ms(call, before=flush, reps=3, warmup=2) == 2.0
+    assert len(flushes) == 5

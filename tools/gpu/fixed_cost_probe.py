@@ -21,7 +21,7 @@ import torch
 from paged_ref.course.bench import SHAPE, bytes_moved
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LENGTHS = (16384, 32768, 65536, 131072, 262144)
@@ -35,20 +35,6 @@ def fit(xs, ys) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
-def flushed_ms(fn, flush, reps: int = 100) -> float:
-    """Median milliseconds of ``fn`` timed with CUDA events, ``flush()`` before each call."""
-    times = []
-    for _ in range(reps + 10):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times[10:])[reps // 2]
-
-
 def flush_comparison(copy_bw: float) -> dict:
     """The 131k-token FP8 call after a writing flush and after a reading one."""
     inp = make_paged_inputs([131072], device="cuda", seed=0, **SHAPE).quantized("fp8")
@@ -60,7 +46,7 @@ def flush_comparison(copy_bw: float) -> dict:
     rows = {}
     for name, flush in (("write 256 MB (do_bench)", buf.zero_),
                         ("read 256 MB", lambda: torch.sum(buf, dim=0, out=sink))):
-        ms = flushed_ms(lambda: plan.run(*args, out=out), flush)
+        ms = events_ms(lambda: plan.run(*args, out=out), before=flush)
         rows[name] = dict(ms=ms, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
         print(name, rows[name], flush=True)
     return rows

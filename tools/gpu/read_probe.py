@@ -73,19 +73,6 @@ def launcher(kernel: str, hpc: int, wph: int, chunk: int, bufs: dict):
     return run
 
 
-def back_to_back_ms(run, reps: int = 60) -> float:
-    """Median milliseconds of ``run`` launched again and again, the L2 not flushed."""
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> int:
     once = "--once" in sys.argv
     torch.manual_seed(0)
@@ -97,7 +84,7 @@ def main() -> int:
         "out": torch.zeros(1 << 16, dtype=torch.int32, device="cuda"),
     }
     nbytes = 2 * bufs["k"].numel()
-    from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
+    from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, time_ms, warm_up_gpu
 
     rows = []
     if not once:
@@ -112,7 +99,8 @@ def main() -> int:
         torch.cuda.synchronize()
         if once:
             continue
-        cold, warm = time_ms(run), back_to_back_ms(run)  # (time_ms: the bench's timer)
+        cold = time_ms(run)  # (the bench's timer: the L2 flushed before each call)
+        warm = events_ms(run, reps=60, warmup=0)  # back to back
         row = {"kernel": kernel, "hpc": hpc, "wph": wph, "chunk_len": chunk,
                "ms_l2_flushed": round(cold, 4), "ms_back_to_back": round(warm, 4),
                "pct_copy_bw_flushed": round(100 * nbytes / cold / 1e6 / copy_bw, 1),

@@ -60,6 +60,7 @@ from pathlib import Path
 
 # First: on a machine without a GPU, paged_ref sets TRITON_INTERPRET=1 before triton is imported.
 from paged_ref import KVCacheManager, PagedKVCache, transfer
+from paged_ref.course.timing import events_ms
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -472,20 +473,14 @@ def copy_kernel_rows(side: Side, programs: list[int], reps: int) -> list[dict]:
 
 
 def _time_ms(fn, device, reps: int) -> float:
+    if device.type == "cuda":
+        return events_ms(fn, reps=reps, warmup=1)
     fn()
     times = []
     for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
