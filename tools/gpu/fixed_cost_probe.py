@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from paged_ref.course.bench import SHAPE, bytes_moved
@@ -25,14 +26,6 @@ from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, gbps, time_m
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LENGTHS = (16384, 32768, 65536, 131072, 262144)
-
-
-def fit(xs, ys) -> tuple[float, float]:
-    """Least-squares ``y = slope * x + intercept``."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-             / sum((x - mx) ** 2 for x in xs))
-    return slope, my - slope * mx
 
 
 def flush_comparison(copy_bw: float) -> dict:
@@ -70,7 +63,7 @@ def main() -> None:
             print(rows[-1], flush=True)
             points.append((nbytes, ms))
             del inp
-        slope, intercept = fit(*zip(*points, strict=True))
+        slope, intercept = np.polyfit(*zip(*points, strict=True), deg=1)  # ms per byte, ms
         fits[fmt] = dict(fixed_us=1e3 * intercept,
                          streaming_pct_copy_bw=100 * gbps(1, slope) / copy_bw)
         print(fmt, fits[fmt], flush=True)
