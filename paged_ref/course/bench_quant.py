@@ -49,6 +49,21 @@ def float64_reference(inp: PagedInputs) -> torch.Tensor:
                                  inp.seq_lens, max_len=int(inp.seq_lens.max()))
 
 
+def quantised_cases(names, formats, device="cuda"):
+    """For each bench case in ``names`` and each cache format: ``(case, lengths, format,
+    inputs, float64 answer, bytes a call reads)`` on the bench's shape (seed 0), the
+    probes' loop. Each case's inputs are freed (and the CUDA cache emptied) before the next."""
+    for name in names:
+        lens = CASES[name]
+        plain = make_paged_inputs(lens, device=device, seed=0, **SHAPE)
+        for fmt in formats:
+            inp = plain.quantized(fmt)
+            yield name, lens, fmt, inp, float64_reference(inp), bytes_moved(inp)
+        del plain, inp
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def our_runners(inp: PagedInputs, configs=()) -> dict:
     """label -> (backend, info, callable): the kernel ``paged_attention`` runs for these inputs
     (the split kernel with the plan it would make, made once outside the timing; a one-chunk

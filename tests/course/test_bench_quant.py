@@ -50,3 +50,18 @@ def test_best_marks_each_family_apart():
     assert [bench_quant.family(r) for r in rows] == ["ours", "ours-CUDA", "FlashInfer"]
     assert bench_quant.family(dict(backend="cuda_int4")) == "ours-CUDA"
     assert bench_quant.family(dict(backend="triton_split")) == "ours"
+
+
+def test_quantised_cases_yield_each_case_and_format_with_its_answer(monkeypatch):
+    monkeypatch.setitem(bench_quant.CASES, "tiny", [5, 40])
+    monkeypatch.setitem(bench_quant.CASES, "tinier", [3])
+    seen = []
+    for name, lens, fmt, inp, ref, nbytes in bench_quant.quantised_cases(
+            ["tiny", "tinier"], ["int4", "fp8"], device="cpu"):
+        seen.append((name, fmt))
+        assert lens == bench_quant.CASES[name] and inp.seq_lens.tolist() == lens
+        assert inp.k_cache.format.name == fmt
+        assert ref.dtype == torch.float64
+        assert_close(ref, inp.reference(), rel_tol=1e-12, name=f"{name} {fmt}")
+        assert nbytes == bench_quant.bytes_moved(inp)
+    assert seen == [("tiny", "int4"), ("tiny", "fp8"), ("tinier", "int4"), ("tinier", "fp8")]

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference, our_runners
+from paged_ref.course.bench_quant import our_runners, quantised_cases
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
 from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
@@ -41,44 +39,36 @@ FORMATS = os.environ.get("FORMATS", "fp8,fp8_token_head,int4").split(",")
 def main() -> None:
     copy_bw = copy_bandwidth_gbps()
     rows = []
-    for name in LARGE:
-        lens = CASES[name]
-        plain = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE)
-        for fmt in FORMATS:
-            inp = plain.quantized(fmt)
-            ref = float64_reference(inp)
-            nbytes = bytes_moved(inp)
-            args = inp.args()
-            out = torch.empty_like(inp.q)
-            runners = {label: fn for label, (backend, _, fn) in our_runners(inp).items()
-                       if not backend.startswith("cuda")}  # (the sweep's chunk=None row)
-            max_len = max(lens)
-            for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
-                if (isinstance(chunk, int) and chunk >= max_len) or (
-                        fmt == "fp8_token_head" and (stages, defines) != (STAGES[0], DEFINES[0])):
-                    continue
-                plan = plan_cuda(*args, chunk_len=max_len if chunk == "whole" else chunk,
-                                     max_len=max_len, total_tokens=sum(lens), stages=stages,
-                                     defines=defines)
-                runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
-                    lambda p=plan, a=args, o=out: p.run(*a, out=o))
-                if plan.merge is not None and plan.dependent_merge and chunk is None:
-                    plain_launch = dataclasses.replace(plan, dependent_merge=False)
-                    runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}"
-                            ",plain merge launch]"] = (
-                        lambda p=plain_launch, a=args, o=out: p.run(*a, out=o))
-            for label, fn in runners.items():
-                err = relative_error(fn().float(), ref)
-                ms = time_ms(fn)
-                rate = gbps(nbytes, ms)
-                row = dict(case=name, kv_format=fmt, label=label, ms=ms, rel_err=err,
-                           pct_copy_bw=100 * rate / copy_bw)
-                if label.startswith("cuda"):  # the Python cost of a planned call
-                    row["host_us"] = cpu_us_per_call(fn)
-                print(row, flush=True)
-                rows.append(row)
-            del inp, ref
-            torch.cuda.empty_cache()
+    for name, lens, fmt, inp, ref, nbytes in quantised_cases(LARGE, FORMATS):
+        args = inp.args()
+        out = torch.empty_like(inp.q)
+        runners = {label: fn for label, (backend, _, fn) in our_runners(inp).items()
+                   if not backend.startswith("cuda")}  # (the sweep's chunk=None row)
+        max_len = max(lens)
+        for chunk, stages, defines in itertools.product(CHUNKS, STAGES, DEFINES):
+            if (isinstance(chunk, int) and chunk >= max_len) or (
+                    fmt == "fp8_token_head" and (stages, defines) != (STAGES[0], DEFINES[0])):
+                continue
+            plan = plan_cuda(*args, chunk_len=max_len if chunk == "whole" else chunk,
+                                 max_len=max_len, total_tokens=sum(lens), stages=stages,
+                                 defines=defines)
+            runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}]"] = (
+                lambda p=plan, a=args, o=out: p.run(*a, out=o))
+            if plan.merge is not None and plan.dependent_merge and chunk is None:
+                plain_launch = dataclasses.replace(plan, dependent_merge=False)
+                runners[f"cuda[chunk={chunk},stages={stages},{','.join(defines)}"
+                        ",plain merge launch]"] = (
+                    lambda p=plain_launch, a=args, o=out: p.run(*a, out=o))
+        for label, fn in runners.items():
+            err = relative_error(fn().float(), ref)
+            ms = time_ms(fn)
+            rate = gbps(nbytes, ms)
+            row = dict(case=name, kv_format=fmt, label=label, ms=ms, rel_err=err,
+                       pct_copy_bw=100 * rate / copy_bw)
+            if label.startswith("cuda"):  # the Python cost of a planned call
+                row["host_us"] = cpu_us_per_call(fn)
+            print(row, flush=True)
+            rows.append(row)
         write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
                      Path(os.environ.get("OUT", "."), "cuda_fp8_probe.json"))
 

@@ -1,8 +1,9 @@
 """Compile the CUDA decode kernels' cubins for sm_90 here (nvcc, no GPU needed) so that a GPU
 call spends its minutes running, not compiling (each build takes ~10 s): the default build,
 the ``WARPS_PER_HEAD`` variants the tests and the probe use (each also for blocks of fewer
-than 16 tokens, ``SMALL_BLOCKS=1``), and with ``--mutants`` the planted
-mistakes of ``tests/test_gpu_cuda_fp8.py``. Carry the folder and point ``PAGED_REF_CACHE`` at it:
+than 16 tokens, ``SMALL_BLOCKS=1``), each also with the ``--defines`` a probe will ask for,
+and with ``--mutants`` the planted mistakes of ``tests/test_gpu_cuda_fp8.py``. Carry the
+folder and point ``PAGED_REF_CACHE`` at it:
 
     PAGED_REF_CACHE=$PWD/build/cubins python tools/gpu/precompile_cuda.py --mutants
     # then, on the GPU machine (carry build/cubins): PAGED_REF_CACHE=$PWD/build/cubins ...
@@ -26,8 +27,11 @@ def main() -> None:
     parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
     parser.add_argument("--stages", default="3", help="ring stages, e.g. 3,4 (for the probe)")
     parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
+    parser.add_argument("--defines", default="",
+                        help="more macro sets, spelled as the probe's DEFINES: ',A=0+B=1'")
     args = parser.parse_args()
-    jobs = [(int(n), (*d, *small), None) for n in args.stages.split(",")
+    extra = [tuple(d.split("+")) if d else () for d in args.defines.split(",")]
+    jobs = [(int(n), (*x, *d, *small), None) for n in args.stages.split(",") for x in extra
             for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))
             for small in ((), ("SMALL_BLOCKS=1",))]  # (plan_cuda_for's order of defines)
     if args.mutants:
