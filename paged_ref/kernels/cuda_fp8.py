@@ -220,13 +220,19 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     streams long runs of one head, about one or two CTAs per SM, and no merge kernel when it
     can be helped.
 
-    * Lengths about equal (``total_tokens`` >= 90 % of ``batch * max_len``, or unknown):
-      whole sequences, with the warps per head (1, 2 or 4; the CTA's KV heads shrink to
-      match) chosen by format. FP8 reads fastest with the most KV heads a CTA (longer runs of
-      each token row) that still give about one CTA per SM (>= 90 % of the SMs, at most 2
-      per SM): B64_L4096 takes 2 (128 CTAs; 4 heads a CTA, 91.8 % of copy bandwidth against
-      90.4 % with 4 warps a head), B256_L1024 takes 1. INT4, which has more instructions per
-      byte, wants more warps: the most CTAs up to 2 per SM (B64_L4096 takes 4).
+    * FP8 with lengths about equal (``total_tokens`` >= 90 % of ``batch * max_len``, or
+      unknown): whole sequences, with the warps per head (1, 2 or 4; the CTA's KV heads
+      shrink to match). FP8 reads fastest with the most KV heads a CTA (longer runs of each
+      token row) that still give about one CTA per SM (>= 90 % of the SMs, at most 2 per
+      SM): B64_L4096 takes 2 (128 CTAs; 4 heads a CTA, 91.8 % of copy bandwidth against
+      90.4 % with 4 warps a head), B256_L1024 takes 1.
+    * INT4 with lengths about equal (``h200/cuda_fp8_probe_2026-12-01_int4_launch.json``):
+      one warp per head, so a CTA's 8 heads read whole token rows, and chunks of 1024
+      tokens, doubled while that would give more than 2 CTAs per SM, or whole sequences when
+      they are no longer. B64_L4096: 4 chunks, 256 CTAs, 0.0952 ms against 0.0984 with whole
+      sequences and 4 warps a head (2 heads a CTA); B8_L32768: 0.0956 against 0.1012 with
+      2048-token chunks (1 CTA per SM); 512- and 768-token chunks were slower everywhere. Where
+      that leaves fewer than half as many CTAs as SMs (short batches), the rule below.
     * Too few sequences for that (fewer CTAs than SMs even at 4): one warp per head (8 heads
       a CTA) and the sequences cut into as many chunks as fit one CTA per SM (B8_L32768:
       2048 tokens, B1_L131072: 1008), merged by a second kernel.
@@ -236,12 +242,15 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     whole = {w: batch * num_kv_heads // heads_per_cta(num_kv_heads, w) for w in (1, 2, 4)}
     layer = whole[1]  # CTAs per chunk position with one warp per head
     uniform = total_tokens is None or total_tokens >= 0.9 * batch * max_len
+    if uniform and kind == "int4":
+        chunk = 1024
+        while layer * math.ceil(max_len / chunk) > 2 * sms and chunk < max_len:
+            chunk *= 2
+        if chunk >= max_len or layer * math.ceil(max_len / chunk) >= sms / 2:
+            return min(chunk, max_len), 1
     if uniform:
-        if kind == "int4":
-            fits = [w for w in (4, 2, 1) if sms <= whole[w] <= 2 * sms]
-        else:
-            fits = [w for w in (1, 2, 4) if 0.9 * sms <= whole[w] <= 2 * sms]
-        if fits:
+        fits = [w for w in (1, 2, 4) if 0.9 * sms <= whole[w] <= 2 * sms]
+        if fits and kind != "int4":
             return max_len, fits[0]
         if whole[1] > 2 * sms:  # many sequences: one warp per head, several CTAs per SM
             return max_len, 1
@@ -487,7 +496,8 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
                          f"memory per head; this GPU allows {limit}: use fewer")
     heads = heads_per_cta(num_kv_heads, warps_per_head,
-                          min(MAX_WARPS, limit // ring * warps_per_head))
+                          min(_macro(defines, "MAX_WARPS", MAX_WARPS),
+                              limit // ring * warps_per_head))
     name = f"{'bf16' if dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
     return CudaDecodePlan(

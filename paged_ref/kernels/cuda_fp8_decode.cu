@@ -46,7 +46,9 @@
 #ifndef WARPS_PER_HEAD
 #define WARPS_PER_HEAD 1  // warps sharing one KV head's tiles of a chunk (merged at the end)
 #endif
-#define MAX_WARPS 8  // per CTA: heads_per_cta * WARPS_PER_HEAD (a launch argument) <= 8
+#ifndef MAX_WARPS
+#define MAX_WARPS 8  // per CTA: heads_per_cta * WARPS_PER_HEAD (a launch argument) <= this
+#endif
 #define TILE 16
 #define MAX_GROUP 8
 #ifndef MIN_BLOCKS

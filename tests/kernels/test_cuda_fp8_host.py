@@ -76,13 +76,19 @@ def test_default_launch(batch, heads, max_len, total, want):
 
 
 @pytest.mark.parametrize("batch, max_len, want_fp8, want_int4", [
-    (64, 4096, (4096, 2), (4096, 4)),     # FP8: 4 heads a CTA, 128 CTAs; INT4: 256 CTAs
-    (32, 4096, (4096, 4), (1024, 1)),     # FP8: 128 CTAs with 4 warps a head; INT4 (which
-                                          # wants >= 1 CTA per SM): 4 chunks of 1024
+    (64, 4096, (4096, 2), (1024, 1)),     # FP8: 4 heads a CTA, 128 CTAs; INT4: 8 heads a
+                                          # CTA, 4 chunks of 1024: 256 CTAs
+    (32, 4096, (4096, 4), (1024, 1)),     # FP8: 128 CTAs with 4 warps a head; INT4: 128
     (256, 1024, (1024, 1), (1024, 1)),    # 256 CTAs with 8 heads a CTA
+    (8, 32768, (2048, 1), (1024, 1)),     # FP8: one CTA per SM; INT4: 256 CTAs
+    (1, 131072, (1008, 1), (1024, 1)),    # one CTA per SM (INT4: chunks stay >= 1024)
+    (128, 4096, (4096, 1), (2048, 1)),    # INT4: 1024 would make 512 CTAs: 2048, 256
+    (256, 4096, (4096, 1), (4096, 1)),    # whole sequences fill the SMs already
+    (4, 2048, (256, 1), (256, 1)),        # little work: as many CTAs as there are SMs
 ])
 def test_default_launch_by_format(batch, max_len, want_fp8, want_int4):
-    """FP8 takes the most heads a CTA that still fill the SMs; INT4 the most CTAs."""
+    """FP8 takes the most heads a CTA that still fill the SMs; INT4 8 heads a CTA (whole
+    token rows) and 1024-token chunks, longer while they would make over 2 CTAs per SM."""
     launch = functools.partial(cuda_fp8.default_launch, batch, 8, max_len, 132)
     assert launch(kind="fp8") == want_fp8
     assert launch(kind="int4") == want_int4
