@@ -59,7 +59,7 @@ def quantised_cases(names, formats, device="cuda"):
         for fmt in formats:
             inp = plain.quantized(fmt)
             yield name, lens, fmt, inp, float64_reference(inp), bytes_moved(inp)
-        del plain, inp
+        del plain
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

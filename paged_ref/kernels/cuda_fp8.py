@@ -228,8 +228,8 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
       90.4 % with 4 warps a head), B256_L1024 takes 1.
     * INT4 with lengths about equal (``h200/cuda_fp8_probe_2026-12-01_int4_launch.json``):
       one warp per head, so a CTA's 8 heads read whole token rows, and chunks of 1024
-      tokens, doubled while that would give more than 2 CTAs per SM, or whole sequences when
-      they are no longer. B64_L4096: 4 chunks, 256 CTAs, 0.0952 ms against 0.0984 with whole
+      tokens, doubled while that would give more than 2 CTAs per SM (whole sequences when
+      they are no longer). B64_L4096: 4 chunks, 256 CTAs, 0.0952 ms against 0.0984 with whole
       sequences and 4 warps a head (2 heads a CTA); B8_L32768: 0.0956 against 0.1012 with
       2048-token chunks (1 CTA per SM); 512- and 768-token chunks were slower everywhere. Where
       that leaves fewer than half as many CTAs as SMs (short batches), the rule below.
@@ -246,11 +246,11 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
         chunk = 1024
         while layer * math.ceil(max_len / chunk) > 2 * sms and chunk < max_len:
             chunk *= 2
-        if chunk >= max_len or layer * math.ceil(max_len / chunk) >= sms / 2:
+        if layer * math.ceil(max_len / chunk) >= sms / 2:
             return min(chunk, max_len), 1
     if uniform:
-        fits = [w for w in (1, 2, 4) if 0.9 * sms <= whole[w] <= 2 * sms]
-        if fits and kind != "int4":
+        fits = [] if kind == "int4" else [w for w in (1, 2, 4) if 0.9 * sms <= whole[w] <= 2 * sms]
+        if fits:
             return max_len, fits[0]
         if whole[1] > 2 * sms:  # many sequences: one warp per head, several CTAs per SM
             return max_len, 1

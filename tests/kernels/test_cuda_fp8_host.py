@@ -85,6 +85,7 @@ def test_default_launch(batch, heads, max_len, total, want):
     (128, 4096, (4096, 1), (2048, 1)),    # INT4: 1024 would make 512 CTAs: 2048, 256
     (256, 4096, (4096, 1), (4096, 1)),    # whole sequences fill the SMs already
     (4, 2048, (256, 1), (256, 1)),        # little work: as many CTAs as there are SMs
+    (2, 1000, (256, 1), (256, 1)),        # (not 2 CTAs of whole sequences)
 ])
 def test_default_launch_by_format(batch, max_len, want_fp8, want_int4):
     """FP8 takes the most heads a CTA that still fill the SMs; INT4 8 heads a CTA (whole
