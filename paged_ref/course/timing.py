@@ -44,8 +44,10 @@ def events_ms(fn: Callable[[], object], before: Callable[[], object] | None = No
               reps: int = 100, warmup: int = 10) -> float:
     """Median milliseconds of ``fn`` timed with CUDA events, ``before()`` (not timed) ahead of
     each call: ``time_ms`` with a flush of the caller's choosing, or back to back (``None``).
-    The first ``warmup`` calls are not counted."""
-    times = []
+    The first ``warmup`` calls are not counted. All calls are queued before waiting for any
+    (as do_bench does): waiting after each call would leave the GPU idle between a call's
+    start event and its kernels while Python launches them, and count that too."""
+    events = []
     for _ in range(warmup + reps):
         if before is not None:
             before()
@@ -53,9 +55,9 @@ def events_ms(fn: Callable[[], object], before: Callable[[], object] | None = No
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times[warmup:])[reps // 2]
+        events.append((start, end))
+    events[-1][1].synchronize()  # (the stream's last event: every call has finished)
+    return sorted(start.elapsed_time(end) for start, end in events[warmup:])[reps // 2]
 
 
 def graph_ms(fn: Callable[[], object]) -> float | None:

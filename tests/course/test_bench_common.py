@@ -111,7 +111,7 @@ def test_events_ms_times_only_the_call_after_its_warm_up(monkeypatch):
             self.at = clock["now"]
 
         def synchronize(self):
-            pass
+            synced.append(self)
 
         def elapsed_time(self, end):
             return end.at - self.at
@@ -127,5 +127,7 @@ def test_events_ms_times_only_the_call_after_its_warm_up(monkeypatch):
         flushes.append(1)
         clock["now"] += 50.0  # (not timed)
 
+    synced = []
     assert timing.events_ms(call, before=flush, reps=3, warmup=2) == 2.0
     assert len(flushes) == 5
+    assert len(synced) == 1  # one wait, after all calls are queued (not one per call)
