@@ -30,7 +30,7 @@ from paged_ref.course.bench_common import (
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PagedInputs, make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps
+from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize
 
 FORMATS = ("bf16", "fp8", "fp8_token_head", "int4", "int4_g128")
@@ -62,6 +62,14 @@ def quantised_cases(names, formats, device="cuda"):
         del plain
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def measured(fn, ref: torch.Tensor, nbytes: int, copy_bw: float) -> dict:
+    """One probe row's numbers for ``fn``: its relative error against ``ref``, then its median
+    ms (``time_ms``, the bench's timer) and its share of copy bandwidth for ``nbytes``."""
+    err = relative_error(fn().float(), ref)
+    ms = time_ms(fn)
+    return dict(ms=ms, rel_err=err, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
 
 
 def our_runners(inp: PagedInputs, configs=()) -> dict:

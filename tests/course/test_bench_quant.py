@@ -65,3 +65,12 @@ def test_quantised_cases_yield_each_case_and_format_with_its_answer(monkeypatch)
         assert_close(ref, inp.reference(), rel_tol=1e-12, name=f"{name} {fmt}")
         assert nbytes == bench_quant.bytes_moved(inp)
     assert seen == [("tiny", "int4"), ("tiny", "fp8"), ("tinier", "int4"), ("tinier", "fp8")]
+
+
+def test_measured_reports_error_time_and_share_of_copy_bandwidth(monkeypatch):
+    monkeypatch.setattr(bench_quant, "time_ms", lambda fn: 2.0)  # (no GPU: a stand-in timer)
+    ref = torch.ones(4, dtype=torch.float64)
+    row = bench_quant.measured(lambda: torch.full((4,), 1.5), ref, nbytes=10**9, copy_bw=1000.0)
+    assert row["ms"] == 2.0
+    assert abs(row["rel_err"] - 0.5) < 1e-12  # 0.5 off on every element of ones
+    assert abs(row["pct_copy_bw"] - 50.0) < 1e-9  # 1 GB in 2 ms: 500 GB/s of 1000

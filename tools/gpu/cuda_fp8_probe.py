@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import our_runners, quantised_cases
-from paged_ref.course.checks import relative_error
+from paged_ref.course.bench_quant import measured, our_runners, quantised_cases
 from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps, cpu_us_per_call
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LARGE = os.environ.get("CASES", "B64_L4096,B8_L32768,B1_L131072,B256_L1024,B32_ragged").split(",")
@@ -60,11 +59,8 @@ def main() -> None:
                         ",plain merge launch]"] = (
                     lambda p=plain_launch, a=args, o=out: p.run(*a, out=o))
         for label, fn in runners.items():
-            err = relative_error(fn().float(), ref)
-            ms = time_ms(fn)
-            rate = gbps(nbytes, ms)
-            row = dict(case=name, kv_format=fmt, label=label, ms=ms, rel_err=err,
-                       pct_copy_bw=100 * rate / copy_bw)
+            row = dict(case=name, kv_format=fmt, label=label,
+                       **measured(fn, ref, nbytes, copy_bw))
             if label.startswith("cuda"):  # the Python cost of a planned call
                 row["host_us"] = cpu_us_per_call(fn)
             print(row, flush=True)

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import quantised_cases
-from paged_ref.course.checks import relative_error
+from paged_ref.course.bench_quant import measured, quantised_cases
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PagedInputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LARGE = os.environ.get("CASES", "B64_L4096,B8_L32768,B1_L131072,B256_L1024,B32_ragged").split(",")
@@ -54,12 +53,10 @@ def main() -> None:
                 # the plan's run reads any strides the four scale tensors share)
                 plan = plan_cuda(*inp.args(), max_len=max(lens), total_tokens=sum(lens),
                                  defines=defines)
-                fn = lambda p=plan, a=args, o=out: p.run(*a, out=o)  # noqa: E731
-                err = relative_error(fn().float(), ref)
-                ms = time_ms(fn)
                 row = dict(case=name, kv_format=fmt, scales=layout, defines=list(defines),
-                           scale_strides=list(x.k_cache.scale.stride()), ms=ms, rel_err=err,
-                           pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
+                           scale_strides=list(x.k_cache.scale.stride()),
+                           **measured(lambda p=plan, a=args, o=out: p.run(*a, out=o), ref,
+                                      nbytes, copy_bw))
                 print(row, flush=True)
                 rows.append(row)
     write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
