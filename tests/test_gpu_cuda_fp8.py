@@ -142,8 +142,20 @@ MUTANTS = {
     "int4: P^T of one half not transposed": (
         "pb[h][1] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r1));",
         "pb[h][1] = *reinterpret_cast<const uint32_t*>(&r1);"),
-    "copies not swizzled as the reads are": ("dst[i] = swizzled(row * ROW + piece * 16);",
+    "copies not swizzled as the reads are": ("dst[i] = swizzled<ROW>(row * ROW + piece * 16);",
                                              "dst[i] = row * ROW + piece * 16;"),
+    "int4: copies not swizzled as the reads are": (
+        ": base + swizzled<ROW>((row0 + i * STEP_ROWS) * ROW + piece * 16);",
+        ": base + (row0 + i * STEP_ROWS) * ROW + piece * 16;"),
+    "int4: K rows g + 8 read from rows g": ("st.k + k[0] + 8 * ROW * j", "st.k + k[0]"),
+    "int4: V rows 2t + 1 read 64 bytes on, not across bit 6": (
+        "((j & 1) ? v[0] ^ 64 : v[0])", "((j & 1) ? v[0] + 64 : v[0])"),
+    "int4: scales past the end not masked (NaN in unused slots)": (
+        "const bool ok = t0 + lane % TILE < end;\n    cp_async_4_to(",
+        "const bool ok = true;\n    cp_async_4_to("),
+    "int4: bytes 1 and 3 shifted one byte too far": (
+        'asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 24));',
+        'asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 16));'),
     "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",
                              "for (int w = 0; w < 1; ++w) {\n      const float f"),
     "merge does not wait for the partials": ("  dependent_launch_wait();\n", ""),
@@ -162,7 +174,8 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_fp8, "SOURCE", source)
     # (1100 tokens in 256-token chunks: 69 tiles, past the second batch of table entries)
     inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
-                            dtype=torch.bfloat16, device="cuda", seed=11).quantized(
+                            dtype=torch.bfloat16, device="cuda", seed=11,
+                            poison="nan" if "NaN" in mutant else "large").quantized(
                                 "int4" if mutant.startswith("int4") else "fp8")
     if "outlier" in mutant:  # (after the first tile the reference max rarely moves otherwise)
         inp = outlier_inputs("fp8")

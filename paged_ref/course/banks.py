@@ -13,7 +13,8 @@ decide whether that is fast, and both can be counted on paper:
 Three layouts of a tile whose rows are ``row_bytes`` long: ``"plain"`` (rows one after
 another), ``"padded"`` (each row ``row_bytes + 16`` apart: the usual cure for conflicts) and
 ``"swizzled"`` (rows one after another, the 16-byte chunks of each 128-byte line permuted:
-chunk ``c`` of line ``n`` at ``c ^ (n % 8)``, :func:`swizzled`, what the kernels use).
+chunk ``c`` of line ``n`` at ``c ^ (n % 8)`` for rows of 128 bytes or more, at
+``c ^ 2 (n % 4)`` for shorter rows; :func:`swizzled`, what the kernels use).
 ``tests/kernels/test_cuda_fp8_host.py`` checks :func:`swizzled` is the .cu's.
 
     from paged_ref.course import banks
@@ -23,11 +24,18 @@ chunk ``c`` of line ``n`` at ``c ^ (n % 8)``, :func:`swizzled`, what the kernels
 from __future__ import annotations
 
 LAYOUTS = ("plain", "padded", "swizzled")
-SWIZZLE_SOURCE = "return at ^ (((at >> 7) & 7) << 4);"  # the .cu's swizzled(), verbatim
+#: The .cu's swizzled<ROW>(), verbatim: rows shorter than 128 bytes, then the others.
+SWIZZLE_SOURCE = ("if constexpr (ROW < 128) return at ^ (((at >> 7) & 3) << 5);\n"
+                  "  return at ^ (((at >> 7) & 7) << 4);")
 
 
-def swizzled(at: int) -> int:
-    """Where logical byte ``at`` of a tile lives: chunk c of 128-byte line n at c ^ (n % 8)."""
+def swizzled(at: int, row_bytes: int = 128) -> int:
+    """Where logical byte ``at`` of a tile of ``row_bytes``-byte rows lives: chunk c of
+    128-byte line n at c ^ (n % 8), or c ^ 2 (n % 4) when rows are shorter than 128 bytes
+    (two or more a line: then the pattern depends on bits 1-2 of a 64-byte row, so a thread's
+    reads of rows r and r + 8 are 512 bytes apart whatever r is)."""
+    if row_bytes < 128:
+        return at ^ (((at >> 7) & 3) << 5)
     return at ^ (((at >> 7) & 7) << 4)
 
 
@@ -38,7 +46,7 @@ def place(layout: str, row: int, byte: int, row_bytes: int) -> int:
     if layout == "padded":
         return row * (row_bytes + 16) + byte
     if layout == "swizzled":
-        return swizzled(row * row_bytes + byte)
+        return swizzled(row * row_bytes + byte, row_bytes)
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 

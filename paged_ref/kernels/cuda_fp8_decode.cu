@@ -186,15 +186,22 @@ struct Args {
 
 // Where logical byte `at` of a tile (rows of ROW bytes, one after another) lives in shared
 // memory: the 16-byte chunks of each 128-byte line are permuted, chunk c of line n at
-// c ^ (n % 8). Two reasons (benchmarks/h200/read_probe.json, measured on the H200):
+// c ^ (n % 8) for rows of 128 bytes or more, c ^ 2 (n % 4) for shorter ones. Two reasons
+// (benchmarks/h200/read_probe.json, measured on the H200):
 // * every 128-byte line of the cache lands in one 128-byte line of shared memory. Rows padded
 //   to D + 16 bytes (the usual way to spread rows over the banks) split each line's copy in
 //   two: the L2 then served ~2.7 requests per line instead of 1, and the same reads ran at
 //   89 % of copy bandwidth instead of 94 %;
-// * the fragment reads below still hit different banks: for K, rows 8j + g of neighbouring
-//   g differ in bit 0 of n; for V, rows 2t + ... of t = 0..3 differ in bits 1-2
-//   (tests/kernels/test_cuda_fp8_host.py counts the bank conflicts of every format and D).
-__device__ __forceinline__ int swizzled(int at) { return at ^ (((at >> 7) & 7) << 4); }
+// * the fragment reads below hit different banks (tests/kernels/test_cuda_fp8_host.py counts
+//   the bank conflicts of every format and D: none for rows of 32, 64 or 128 bytes). For rows
+//   of 64 bytes the pattern also depends only on bits 1-2 of the row, so a thread's reads of
+//   rows r and r + 8 lie 8 * 64 bytes apart, and of rows 2t and 2t + 1, 64 bytes apart the
+//   other way of bit 6 (int4_decode reads them from one offset: FragmentOffsets).
+template <int ROW>
+__device__ __forceinline__ int swizzled(int at) {
+  if constexpr (ROW < 128) return at ^ (((at >> 7) & 3) << 5);
+  return at ^ (((at >> 7) & 7) << 4);
+}
 
 // One warp's stage of the shared-memory ring: a 16-token tile of K and V codes (swizzled, no
 // padding: every array starts 128-byte aligned) and the token-head scales.
@@ -231,7 +238,7 @@ struct LaneCopies {
     for (int i = 0; i < N; ++i) {
       const int row = row0 + i * STEP_ROWS;
       src[i] = row * (int)a.c_st + piece * 16;  // (a block's bytes fit an int)
-      dst[i] = swizzled(row * ROW + piece * 16);
+      dst[i] = swizzled<ROW>(row * ROW + piece * 16);
     }
   }
   // Tile [t0, t0 + 16) of head `k_head` (blocks of >= 16 tokens: all in block `blk`; smaller
@@ -294,22 +301,22 @@ __device__ __forceinline__ void copy_tile(Stage<D>& st, const LaneCopies<D>& lc,
   }
 }
 
-template <int NWORDS>
+template <int ROW, int NWORDS>
 __device__ __forceinline__ void read_words(uint32_t (&dst)[NWORDS], const uint8_t* tile, int at) {
   // NWORDS 32-bit words from logical byte `at` of a swizzled tile (`at` 16-byte aligned; 8
   // when NWORDS == 2, 4 when 1): 16 bytes at a time, each chunk from where swizzled puts it
   if constexpr (NWORDS % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < NWORDS; i += 4) {
-      const uint4 w = *reinterpret_cast<const uint4*>(tile + swizzled(at + 4 * i));
+      const uint4 w = *reinterpret_cast<const uint4*>(tile + swizzled<ROW>(at + 4 * i));
       dst[i] = w.x; dst[i + 1] = w.y; dst[i + 2] = w.z; dst[i + 3] = w.w;
     }
   } else if constexpr (NWORDS == 2) {
-    const uint2 w = *reinterpret_cast<const uint2*>(tile + swizzled(at));
+    const uint2 w = *reinterpret_cast<const uint2*>(tile + swizzled<ROW>(at));
     dst[0] = w.x; dst[1] = w.y;
   } else {
     static_assert(NWORDS == 1, "1, 2 or a multiple of 4 words");
-    dst[0] = *reinterpret_cast<const uint32_t*>(tile + swizzled(at));
+    dst[0] = *reinterpret_cast<const uint32_t*>(tile + swizzled<ROW>(at));
   }
 }
 
@@ -456,11 +463,11 @@ struct TableAhead {
   __device__ TableAhead(const Args& a, const WarpWork& w, int lane)
       : now(load(a, w, lane)), next(load(a, w, 32 + lane)) {}
   __device__ int at(const Args& a, const WarpWork& w, int i, int lane) {
-    if (i % 32 == 0 && i > 0) {
+    if ((unsigned)i % 32u == 0 && i > 0) {
       now = next;
       next = load(a, w, i + 32 + lane);
     }
-    return __shfl_sync(FULL, now, i % 32);
+    return __shfl_sync(FULL, now, (unsigned)i % 32u);
   }
 };
 
@@ -578,10 +585,10 @@ __device__ void fp8_decode(const Args& a) {
     stage = stage == STAGES - 1 ? 0 : stage + 1;
     uint32_t kw[2][D / 16], vw[4][VWORDS];  // this thread's fragment bytes (see the header)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * Stage<D>::ROW + t * (D / 4));
+    for (int j = 0; j < 2; ++j) read_words<D>(kw[j], st.k, (8 * j + g) * Stage<D>::ROW + t * (D / 4));
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
+      read_words<D>(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * Stage<D>::ROW + g * (D / 8));
 
     // S^T = K Q^T: K is the A operand (row g <-> token t0 + g, row g + 8 <-> t0 + g + 8), so
     // all 16 of its rows are real; even and odd k-steps in two chains. c[.][i]: token
@@ -689,7 +696,8 @@ static_assert(sizeof(Int4Stage<64>) % 128 == 0, "each stage keeps the next one 1
 static_assert(2 * sizeof(Int4Stage<128>) >= MAX_GROUP * (128 + 4) * 4 &&
                   2 * sizeof(Int4Stage<256>) >= MAX_GROUP * (256 + 4) * 4, "merge space per warp");
 
-// As copy_tile, for D / 2 bytes a row and the four (scale, zero) pairs of each token.
+// As copy_tile, for D / 2 bytes a row and the four (scale, zero) pairs of each token (blocks of
+// fewer than 16 tokens; larger ones: Int4Copier).
 template <int D>
 __device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const LaneCopies<D / 2>& lc,
                                                const Args& a, const uint8_t* k_head,
@@ -708,10 +716,124 @@ __device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const LaneCopie
   }
 }
 
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* global) {
+  // 16 bytes global -> shared address dst, the L2 fetching the whole 128-byte line
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+
+// What one lane copies of every INT4 tile (blocks of >= 16 tokens), worked out once: its
+// rows of codes as in LaneCopies, and one token's (scale, zero) pair of K (lanes < 16) or V
+// (the others). A tile then costs its block's offset and the copies. The codes are copied
+// unmasked: the whole tile lies in one block, so rows past the end are still cache memory,
+// and their codes (whatever they hold: every code is a finite number) meet a weight of exactly
+// 0. The scales are masked (zero past the end, never a NaN from an unused slot: 0 * NaN is
+// NaN).
+template <int D>
+struct Int4Copier {
+  static constexpr int ROW = D / 2, PIECES = ROW / 16, STEP_ROWS = 32 / PIECES,
+                       N = TILE / STEP_ROWS;
+  const uint8_t* src;        // this lane's first code byte at block 0, token row0
+  const __half* scale;       // its scale at block 0, token lane % 16 (its zero: + zero_off)
+  long long zero_off, v_minus_k;
+  int row_step;              // bytes between its rows (STEP_ROWS tokens)
+  uint32_t dst[N];           // shared addresses of its K pieces in stage 0 (V's: + TILE * ROW)
+  uint32_t scale_dst;        // ... of its scale in stage 0 (its zero: + 4 * TILE)
+  __device__ Int4Copier(const Args& a, const WarpWork& w, const void* stage0, int lane) {
+    static_assert(ROW != 64 || STEP_ROWS == 8, "rows of 64 bytes: 8 a copy instruction");
+    const int row0 = lane / PIECES, piece = lane % PIECES, r = lane % TILE;
+    src = w.k_head + row0 * a.c_st + piece * 16;
+    v_minus_k = w.v_minus_k;
+    row_step = STEP_ROWS * (int)a.c_st;
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(stage0));
+#pragma unroll
+    for (int i = 0; i < N; ++i)  // (rows of 64 bytes: row0 + 8 lies at row0's + 512)
+      dst[i] = ROW == 64 && i > 0 ? dst[0] + i * STEP_ROWS * ROW
+                                  : base + swizzled<ROW>((row0 + i * STEP_ROWS) * ROW + piece * 16);
+    const bool k_side = lane < TILE;
+    const __half* s = reinterpret_cast<const __half*>(k_side ? a.k_scale : a.v_scale);
+    const __half* z = reinterpret_cast<const __half*>(k_side ? a.k_zero : a.v_zero);
+    scale = s + r * a.s_st + w.kv_head * a.s_sh;
+    zero_off = z - s;
+    scale_dst = base + 2 * TILE * ROW + (k_side ? 0 : 8 * TILE) + 4 * r;  // ks or vs [r]
+  }
+  // Tile [t0, t0 + 16) of block blk into the stage `stage_off` bytes past stage 0.
+  __device__ __forceinline__ void tile(const Args& a, uint32_t stage_off, int blk, int t0,
+                                       int end, int lane) const {
+    const int in_block = t0 & ((1 << a.block_shift) - 1);
+    const uint8_t* k = src + mul_wide(blk, (int)a.c_sb) + in_block * (int)a.c_st;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      cp_async_16_to(dst[i] + stage_off, k + i * row_step);
+      cp_async_16_to(dst[i] + stage_off + TILE * ROW, k + i * row_step + v_minus_k);
+    }
+    const __half* sc = scale + mul_wide(blk, (int)a.s_sb) + in_block * (int)a.s_st;
+    const bool ok = t0 + lane % TILE < end;
+    cp_async_4_to(scale_dst + stage_off, sc, ok);
+    cp_async_4_to(scale_dst + stage_off + 4 * TILE, sc + zero_off, ok);
+  }
+};
+
+// Where this thread's fragment reads lie in an Int4Stage's K and V tiles (byte offsets from
+// each): K rows 8j + g at t * D/8, V rows 2t + (j & 1) + 8 (j >> 1) at g * D/16 (logical;
+// then swizzled). For rows of 64 bytes (D = 128) the swizzle keeps row r + 8 at r's + 512 and
+// puts row 2t + 1 at 2t's ^ 64 (swizzled's comment), so one offset each serves every read:
+// the loop computes no swizzle.
+template <int D>
+struct FragmentOffsets {
+  static constexpr int ROW = D / 2;
+  static constexpr bool ONE_OFFSET = ROW == 64;
+  int k[2], v[4];
+  __device__ FragmentOffsets(int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) k[j] = (8 * j + g) * ROW + t * (D / 8);  // logical
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16);
+    if constexpr (ONE_OFFSET) {
+      k[0] = swizzled<ROW>(k[0]);
+      v[0] = swizzled<ROW>(v[0]);
+    }
+  }
+  template <int KW, int VW>
+  __device__ __forceinline__ void read(uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW],
+                                       const Int4Stage<D>& st) const {
+    if constexpr (ONE_OFFSET) {
+      static_assert(KW == 4 && VW == 2, "D = 128: 16 bytes of each K row, 8 of each V row");
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint4 x = *reinterpret_cast<const uint4*>(st.k + k[0] + 8 * ROW * j);
+        kw[j][0] = x.x; kw[j][1] = x.y; kw[j][2] = x.z; kw[j][3] = x.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int at = ((j & 1) ? v[0] ^ 64 : v[0]) + 8 * ROW * (j >> 1);
+        const uint2 x = *reinterpret_cast<const uint2*>(st.v + at);
+        vw[j][0] = x.x; vw[j][1] = x.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) read_words<ROW>(kw[j], st.k, k[j]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) read_words<ROW>(vw[j], st.v, v[j]);
+    }
+  }
+};
+
 // The low nibbles of x's two bytes 0 and 2 -> float16x2 (n0, n1) * 2^-24 (subnormals), and
 // their high nibbles -> (n0, n1) * 2^-20.
 __device__ __forceinline__ uint32_t low_nibbles(uint32_t x) { return x & 0x000f000fu; }
 __device__ __forceinline__ uint32_t high_nibbles(uint32_t x) { return x & 0x00f000f0u; }
+// x >> 8 (bytes 1 and 3 to where the masks take them), as the high word of x * 2^24: an
+// integer multiply-add runs on the FMA pipe, a shift on the integer ALU, INT4's busiest
+// (benchmarks/README.md: 16 of a tile's ~190 ALU instructions move)
+__device__ __forceinline__ uint32_t byte_shift(uint32_t x) {
+  uint32_t r;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 24));
+  return r;
+}
 #define LOW_UNIT 16777216.f  // 2^24: a low nibble's float16 is its code / LOW_UNIT
 #define HIGH_UNIT 1048576.f  // 2^20: a high nibble's
 
@@ -724,7 +846,6 @@ __device__ void int4_decode(const Args& a) {
   constexpr int KW = D / 32;  // words of K a thread reads per token row (D/8 bytes)
   constexpr int VW = D / 64;  // words of V a thread reads per token row (D/16 bytes)
   constexpr int OT = D / 32;  // m-tiles of O^T per half (16 channels each)
-  constexpr int ROW = Int4Stage<D>::ROW;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const WarpWork w(a);
@@ -778,11 +899,17 @@ __device__ void int4_decode(const Args& a) {
   float zs[2][2] = {};
 
   TableAhead entries(a, w, lane);
-  const LaneCopies<D / 2> lanes(a, lane);
+  const LaneCopies<D / 2> lanes(a, lane);   // (blocks of < 16 tokens)
+  const Int4Copier<D> copier(a, w, ring, lane);  // (the others)
+  const FragmentOffsets<D> frag(g, t);
   int copied = 0, copy_stage = 0;
   auto copy = [&]() {
-    copy_int4_tile<D>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
-                      w.first + copied * w.step, end, lane, entries.at(a, w, copied, lane));
+    const int t0 = w.first + copied * w.step, blk = entries.at(a, w, copied, lane);
+    if constexpr (SMALL_BLOCKS)
+      copy_int4_tile<D>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
+                        t0, end, lane, blk);
+    else
+      copier.tile(a, copy_stage * sizeof(Int4Stage<D>), blk, t0, end, lane);
     ++copied;
     copy_stage = copy_stage == STAGES - 1 ? 0 : copy_stage + 1;
   };
@@ -800,18 +927,14 @@ __device__ void int4_decode(const Args& a) {
     const Int4Stage<D>& st = ring[stage];
     stage = stage == STAGES - 1 ? 0 : stage + 1;
     uint32_t kw[2][KW], vw[4][VW];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) read_words(kw[j], st.k, (8 * j + g) * ROW + t * (D / 8));
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      read_words(vw[j], st.v, (2 * t + (j & 1) + 8 * (j >> 1)) * ROW + g * (D / 16));
+    frag.read(kw, vw, st);
 
     // S^T = K Q^T per half (K the A operand: rows g, g+8 <-> tokens t0 + g, t0 + g + 8), in
     // units of 2^-24 (2^-20). c[h][i]: token g + 8 (i >> 1), query 2t + (i & 1).
     float c[2][4] = {};
 #pragma unroll
     for (int w = 0; w < KW; ++w) {
-      const uint32_t x = kw[0][w], y = kw[1][w], x8 = x >> 8, y8 = y >> 8;  // bytes 1, 3 low
+      const uint32_t x = kw[0][w], y = kw[1][w], x8 = byte_shift(x), y8 = byte_shift(y);
       const uint32_t lo[4] = {low_nibbles(x), low_nibbles(y), low_nibbles(x8), low_nibbles(y8)};
       mma_16816(c[0], lo, qb[0][w][0], qb[0][w][1]);
       const uint32_t hi[4] = {high_nibbles(x), high_nibbles(y), high_nibbles(x8),
@@ -872,7 +995,7 @@ __device__ void int4_decode(const Args& a) {
       for (int e = 0; e < 2; ++e) {
         const uint32_t sel = e ? 0x7632 : 0x5410;
         const uint32_t r01 = prmt(vw[0][k], vw[1][k], sel), r23 = prmt(vw[2][k], vw[3][k], sel);
-        const uint32_t s01 = r01 >> 8, s23 = r23 >> 8;  // the second byte of each pair
+        const uint32_t s01 = byte_shift(r01), s23 = byte_shift(r23);  // each pair's 2nd byte
         const uint32_t lo[4] = {low_nibbles(r01), low_nibbles(s01), low_nibbles(r23),
                                 low_nibbles(s23)};
         mma_16816(o[0][2 * k + e], lo, pb[0][0], pb[0][1]);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import re
 import subprocess
 from pathlib import Path
@@ -148,11 +149,12 @@ def test_swizzle_keeps_each_line_whole():
     """Every 128-byte line of a tile (a line of the cache, copied by one instruction) stays one
     line of shared memory, its 16-byte chunks only permuted: the copies stay line-aligned.
     Rows padded by 16 bytes do not (the planted mistake this guards against)."""
-    for line in range(64):
-        chunks = sorted(banks.swizzled(128 * line + 16 * c) for c in range(8))
+    for row_bytes, line in itertools.product((32, 64, 128, 256), range(64)):
+        chunks = sorted(banks.swizzled(128 * line + 16 * c, row_bytes) for c in range(8))
         assert chunks == [128 * line + 16 * c for c in range(8)]
         at = [128 * line + 16 * c for c in range(8)]
-        assert all(banks.swizzled(a + b) == banks.swizzled(a) + b for a in at for b in range(16))
+        assert all(banks.swizzled(a + b, row_bytes) == banks.swizzled(a, row_bytes) + b
+                   for a in at for b in range(16))
     for row_bytes in (32, 64, 128, 256):
         assert banks.lines_stay_whole("swizzled", row_bytes)
         assert not banks.lines_stay_whole("padded", row_bytes)
@@ -177,8 +179,33 @@ def test_swizzled_reads_conflict_no_more_than_padded_rows(kind, head_dim):
     row_bytes = head_dim if kind == "fp8" else head_dim // 2
     if row_bytes >= 64:
         assert plain > swz
-    if row_bytes == 128:  # FP8 head_dim 128, INT4 256: no conflict at all
+    if row_bytes <= 128:  # all but FP8 head_dim 256: no conflict at all
         assert swz == banks.ideal_wavefronts(kind, head_dim)
+
+
+def one_offset_rule_holds(place) -> bool:
+    """What int4_decode relies on for rows of 64 bytes (INT4 head_dim 128; FragmentOffsets and
+    Int4Copier): for every lane, row r + 8 lies 512 bytes past row r (K reads, copies) and
+    row 2t + 1 at row 2t's offset ^ 64 (V reads), at each byte a lane reads or copies."""
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        k = place(g, t * 16)
+        v = place(2 * t, g * 8)
+        if place(g + 8, t * 16) != k + 512:
+            return False
+        if [place(2 * t + 1, g * 8), place(2 * t + 8, g * 8), place(2 * t + 9, g * 8)] != [
+                v ^ 64, v + 512, (v ^ 64) + 512]:
+            return False
+        row0, piece = lane // 4, lane % 4  # (the copies: rows row0, row0 + 8)
+        if place(row0 + 8, 16 * piece) != place(row0, 16 * piece) + 512:
+            return False
+    return True
+
+
+def test_rows_of_64_bytes_need_one_offset_a_thread():
+    assert one_offset_rule_holds(lambda r, b: banks.place("swizzled", r, b, 64))
+    # the planted mistake: the 128-byte rows' pattern (c ^ n % 8) breaks the rule
+    assert not one_offset_rule_holds(lambda r, b: banks.swizzled(64 * r + b, 128))
 
 
 @needs_nvcc
@@ -294,22 +321,36 @@ def loop_loads(sass: str) -> list[int]:
     return counts
 
 
+# The planted mistake per kernel: the sources that choose the copy path at compile time
+# (SMALL_BLOCKS), choosing it at run time instead (both paths in one build).
+LANE_COPIES = ("if constexpr (!SMALL_BLOCKS) {  // the whole tile in block blk",
+               "if (a.block_shift >= 4) {")
+RUNTIME_BLOCK_CHOICE = {
+    "fp8_decode_bf16_d128": [LANE_COPIES],
+    "int4_decode_bf16_d128": [LANE_COPIES,
+                              ("    if constexpr (SMALL_BLOCKS)\n      copy_int4_tile<D>(",
+                               "    if (a.block_shift < 4)\n      copy_int4_tile<D>(")],
+}
+
+
 @needs_nvcc
-def test_blocks_of_16_copy_without_a_table_read_per_row(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernel", RUNTIME_BLOCK_CHOICE)
+def test_blocks_of_16_copy_without_a_table_read_per_row(kernel, tmp_path, monkeypatch):
     """The common build reads one block-table entry per lane every 32 tiles (the look-ahead);
     the SMALL_BLOCKS build also reads one per token row in the loop."""
     monkeypatch.setenv("PAGED_REF_CACHE", str(tmp_path))
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     # the planted mistake: the block size decided at run time, both paths in one build
     text = cuda_fp8.SOURCE.read_text()
-    fast = "if constexpr (!SMALL_BLOCKS) {  // the whole tile in block blk"
-    assert text.count(fast) == 1
-    (tmp_path / "runtime.cu").write_text(text.replace(fast, "if (a.block_shift >= 4) {"))
+    for fast, runtime in RUNTIME_BLOCK_CHOICE[kernel]:
+        assert text.count(fast) == 1
+        text = text.replace(fast, runtime)
+    (tmp_path / "runtime.cu").write_text(text)
     loads = {}
     for build, defines, source in (("common", (), None), ("small", ("SMALL_BLOCKS=1",), None),
                                    ("runtime", (), tmp_path / "runtime.cu")):
         cubin = cuda_fp8.compile_cubin("sm_90", defines=defines, source=source)
-        sass = subprocess.run([tools / "cuobjdump", "-sass", "-fun", "int4_decode_bf16_d128",
+        sass = subprocess.run([tools / "cuobjdump", "-sass", "-fun", kernel,
                                cubin], check=True, capture_output=True, text=True).stdout
         loads[build] = min(loop_loads(sass))  # the tile loop (the innermost with MMAs)
     assert loads["common"] <= 1 < loads["small"]
