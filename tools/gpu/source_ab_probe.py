@@ -1,0 +1,68 @@
+"""Versions of the CUDA decode kernels side by side on one GPU: for each large bench case and
+format, the kernel built from ``paged_ref/kernels/cuda_fp8_decode.cu`` with each plan option
+set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g. ``chunk_len=512;chunk_len=1024``;
+default: the default plan), and from each file in ``$OTHER_SOURCES`` (comma-separated; each
+labelled by its name without the suffix: e.g. the file as an earlier commit had it, with the
+same ``Args`` struct). Each is checked against the float64 answer and
+timed with the bench's timer, in turns (all versions, then again) so that a drift of the
+machine's clocks falls on each. Writes ``$OUT/source_ab_probe.json``.
+
+    git show HEAD~1:paged_ref/kernels/cuda_fp8_decode.cu > /tmp/old.cu
+    OTHER_SOURCES=/tmp/old.cu OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/source_ab_probe.py
+    OPTIONS="chunk_len=512;chunk_len=1024" OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/...
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from paged_ref.course.bench_quant import LARGE_CASES, measured, quantised_cases
+from paged_ref.course.results import environment, write_result
+from paged_ref.course.timing import copy_bandwidth_gbps
+from paged_ref.kernels import cuda_fp8
+
+CASES = os.environ.get("CASES", ",".join(LARGE_CASES)).split(",")
+FORMATS = os.environ.get("FORMATS", "fp8,fp8_token_head,int4").split(",")
+REPEATS = int(os.environ.get("REPEATS", "2"))
+
+
+def variants() -> list[tuple[str, Path, dict]]:
+    """(label, source, plan_cuda keywords) of each version to time."""
+    found = [(Path(p).stem, Path(p), {}) for p in os.environ.get("OTHER_SOURCES", "").split(",")
+             if p]
+    for spec in os.environ.get("OPTIONS", "").split(";"):
+        options = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+        found.append((f"new[{spec}]" if spec else "new", cuda_fp8.SOURCE, options))
+    return found
+
+
+def main() -> None:
+    versions, default_source = variants(), cuda_fp8.SOURCE
+    copy_bw = copy_bandwidth_gbps()
+    rows = []
+    for name, lens, fmt, inp, ref, nbytes in quantised_cases(CASES, FORMATS):
+        args, out = inp.args(), torch.empty_like(inp.q)
+        plans = {}
+        for label, source, options in versions:
+            cuda_fp8.SOURCE = source  # (read when a plan loads its kernels)
+            plans[label] = cuda_fp8.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens),
+                                              **options)
+        cuda_fp8.SOURCE = default_source
+        for rep in range(REPEATS):
+            for label, plan in plans.items():
+                def call(p=plan, a=args, o=out):
+                    return p.run(*a, out=o)
+                row = dict(case=name, kv_format=fmt, source=label, repeat=rep,
+                           chunks=plan.max_chunks, merge_kernel=plan.merge is not None,
+                           **measured(call, ref, nbytes, copy_bw))
+                print(row, flush=True)
+                rows.append(row)
+        write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
+                     Path(os.environ.get("OUT", "."), "source_ab_probe.json"))
+
+
+if __name__ == "__main__":
+    main()
