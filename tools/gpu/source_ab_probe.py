@@ -1,15 +1,17 @@
 """Versions of the CUDA decode kernels side by side on one GPU: for each large bench case and
 format, the kernel built from ``paged_ref/kernels/cuda_fp8_decode.cu`` with each plan option
-set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g. ``chunk_len=512;chunk_len=1024``;
-default: the default plan), and from each file in ``$OTHER_SOURCES`` (comma-separated; each
-labelled by its name without the suffix: e.g. the file as an earlier commit had it, with the
-same ``Args`` struct). Each is checked against the float64 answer and
-timed with the bench's timer, in turns (all versions, then again) so that a drift of the
-machine's clocks falls on each. Writes ``$OUT/source_ab_probe.json``.
+set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g. ``chunk_len=512;stages=4``;
+default: the default plan), and from each file in ``$OTHER_SOURCES`` (comma-separated
+``path[:keywords]``, keywords joined by ``+``; labelled by the file's name without its suffix:
+e.g. the file as an earlier commit had it, with the same ``Args`` struct). Each is checked
+against the float64 answer and timed with the bench's timer, in turns (all versions, then
+again) so that a drift of the machine's clocks falls on each. Writes
+``$OUT/source_ab_probe.json``.
 
     git show HEAD~1:paged_ref/kernels/cuda_fp8_decode.cu > /tmp/old.cu
     OTHER_SOURCES=/tmp/old.cu OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/source_ab_probe.py
-    OPTIONS="chunk_len=512;chunk_len=1024" OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/...
+    OTHER_SOURCES=/tmp/try.cu:stages=4 OPTIONS=";stages=4" OUT=/tmp/out PYTHONPATH=$PWD \
+        python3 tools/gpu/source_ab_probe.py
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ REPEATS = int(os.environ.get("REPEATS", "2"))
 
 def variants() -> list[tuple[str, Path, dict]]:
     """(label, source, plan_cuda keywords) of each version to time."""
-    found = [(Path(p).stem, Path(p), {}) for p in os.environ.get("OTHER_SOURCES", "").split(",")
-             if p]
+    def keywords(spec: str, sep: str) -> dict:
+        return {k: int(v) for k, v in (kv.split("=") for kv in spec.split(sep) if kv)}
+
+    found = []
+    for entry in filter(None, os.environ.get("OTHER_SOURCES", "").split(",")):
+        path, _, spec = entry.partition(":")
+        found.append((Path(path).stem + (f"[{spec}]" if spec else ""), Path(path),
+                      keywords(spec, "+")))
     for spec in os.environ.get("OPTIONS", "").split(";"):
-        options = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
-        found.append((f"new[{spec}]" if spec else "new", cuda_fp8.SOURCE, options))
+        found.append((f"new[{spec}]" if spec else "new", cuda_fp8.SOURCE, keywords(spec, ",")))
     return found
 
 
