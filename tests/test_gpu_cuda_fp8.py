@@ -53,6 +53,28 @@ def test_cuda_fp8_warps_sharing_a_head(fmt, case):
         assert_close(out, inp.reference(), name=f"2 warps a head, {fmt} case {case}")
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
+def test_cuda_two_stage_ring(fmt):
+    """A ring of 2 tiles (one in flight while one is used), which plans pick for FP8 batches
+    of about two CTAs per SM or more, on the ragged cases and on such a batch."""
+    from paged_ref.kernels.cuda_fp8 import plan_cuda
+
+    for case in (0, 1, 3):
+        lens, bs, d, hq, hkv, dtype = CASES[case]
+        inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                                block_size=bs, dtype=dtype, device="cuda", seed=case,
+                                poison="nan").quantized(fmt)
+        for chunk_len in (None, 320):
+            out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len, stages=2)
+            assert_close(out, inp.reference(), name=f"2 stages, {fmt} case {case}")
+    many = make_paged_inputs(ragged_lengths(264, 1, 200, seed=4), num_q_heads=32,
+                             num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cuda",
+                             seed=4, poison="nan").quantized(fmt)
+    plan = plan_cuda(*many.args())
+    assert plan.stages == (2 if fmt.startswith("fp8") else 3)
+    assert_close(plan.run(*many.args()), many.reference(), name=f"default ring, {fmt}")
+
+
 def outlier_inputs(fmt: str):
     """Two sequences; in the first, tokens 700 and 701 have K 40x the others', so their scores
     sit far above the running max of every tile before them (the softmax's reference max must

@@ -105,7 +105,7 @@ def cuda_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
     ``int4`` one (backend ``cuda_fp8`` / ``cuda_int4``), with their default launch shape,
     where this machine can build and run them: planned once outside the timing, as the Triton
     runner's split is (the timed call is ``plan.run``)."""
-    from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, cuda_fp8_available, plan_cuda
+    from paged_ref.kernels.cuda_fp8 import cuda_fp8_available, plan_cuda
 
     fmt = getattr(inp.k_cache, "format", None)
     if fmt is None or fmt.name not in ("fp8", "fp8_token_head", "int4") or (
@@ -113,7 +113,7 @@ def cuda_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
         return {}
     args = inp.args()
     plan = plan_cuda(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)
-    info = {"stages": DEFAULT_STAGES, "chunk_len": plan.chunk_len,
+    info = {"stages": plan.stages, "chunk_len": plan.chunk_len,
             "heads_per_cta": plan.heads_per_cta,
             "warps_per_head": plan.threads // 32 // plan.heads_per_cta}
     backend = f"cuda_{fmt.kind}"

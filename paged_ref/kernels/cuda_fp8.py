@@ -46,6 +46,7 @@ MAX_MERGE_WARPS = 16  # warps of the merge kernel's CTA: one per chunk, at most 
 TILE = 16
 MAX_GROUP = 8
 #: Tiles in each warp's shared-memory ring (the .cu file's STAGES): STAGES - 1 in flight.
+#: Plans take :func:`default_stages` unless given a number.
 DEFAULT_STAGES = 3
 HEAD_DIMS = (64, 128, 256)
 
@@ -264,7 +265,19 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     return min(max(chunk, 256), max_len), 1
 
 
-def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> str:
+def default_stages(kind: str, ctas: int, sms: int, warps_per_head: int) -> int:
+    """Tiles in each warp's ring for a launch of ``ctas`` CTAs (``benchmarks/h200/
+    source_ab_probe_2026-12-01_stages2.json``, the H200): FP8 with one warp per head and about
+    two CTAs per SM or more (B256_L1024, the ragged batch) reads 1.8-1.9 % faster with 2 (one
+    tile in flight while one is used) than with 3; with one CTA per SM (B8_L32768,
+    B1_L131072) or two warps a head (B64_L4096) 2 stages were 6-8 % slower. INT4 was as fast
+    or slower with 2 everywhere (21 % on B1_L131072) and 4 % slower with 4."""
+    if kind == "fp8" and warps_per_head == 1 and ctas >= 1.5 * sms:
+        return 2
+    return DEFAULT_STAGES
+
+
+def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=None) -> str:
     """Raise a clear error for what the ``kind`` (``"fp8"`` or ``"int4"``) kernel does not
     read; its kernel name without the dtype and head_dim (``"fp8_decode_{}_token"``)."""
     what = f"the CUDA {kind.upper()} kernel"
@@ -287,8 +300,8 @@ def check_cuda_inputs(q, k_cache, v_cache, kind: str, stages=DEFAULT_STAGES) -> 
     if q.shape[1] // num_kv_heads > MAX_GROUP:
         raise ValueError(f"{what} takes up to {MAX_GROUP} query heads per KV head, got "
                          f"{q.shape[1] // num_kv_heads}")
-    if not 2 <= stages <= 8:
-        raise ValueError(f"stages must be 2..8, got {stages}")
+    if stages is not None and not (isinstance(stages, int) and 2 <= stages <= 8):
+        raise ValueError(f"stages must be 2..8 (or None: default_stages), got {stages!r}")
     if q.stride(-1) != 1:
         raise ValueError(f"q's head_dim must be contiguous (stride 1) for {what}")
     if not q.is_cuda:
@@ -360,6 +373,7 @@ class CudaDecodePlan:
     max_chunks: int
     max_len: int
     heads_per_cta: int
+    stages: int  # tiles in each warp's shared-memory ring
     qk_scale_log2: float
     part_o: torch.Tensor | None  # [B, Hq, max_chunks, D] float32 scratch (None: one chunk)
     part_lse: torch.Tensor | None
@@ -430,7 +444,7 @@ class CudaDecodePlan:
 
 
 def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_len=None,
-              max_len=None, total_tokens=None, stages=DEFAULT_STAGES,
+              max_len=None, total_tokens=None, stages=None,
               defines=()) -> CudaDecodePlan:
     """For ``fp8`` / ``fp8_token_head`` caches, and ``int4`` ones (a (scale, zero) pair per
     nibble half): check the inputs (:func:`paged_ref.validation.check_shapes`, and
@@ -441,7 +455,8 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
     ``chunk_len`` (tokens per CTA and KV head) and the warps per head (the ``WARPS_PER_HEAD``
     define) default to :func:`default_launch` of ``max_len`` and ``total_tokens`` (the sum of
     the lengths, read back with ``max_len`` when that is not given). A ``WARPS_PER_HEAD`` in
-    ``defines`` without a ``chunk_len`` runs whole sequences."""
+    ``defines`` without a ``chunk_len`` runs whole sequences. ``stages`` (the ring's depth)
+    defaults to :func:`default_stages` of that launch."""
     from paged_ref.validation import check_shapes, check_values
 
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -457,7 +472,7 @@ def plan_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, chunk_
 
 def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtype, device,
                   kv_format, *, max_len: int, total_tokens: int | None = None, scale=None,
-                  chunk_len=None, stages=DEFAULT_STAGES, defines=()) -> CudaDecodePlan:
+                  chunk_len=None, stages=None, defines=()) -> CudaDecodePlan:
     """:func:`plan_cuda` from sizes alone (q ``[batch, Hq, head_dim]``, the cache's block
     size, KV heads and format), for callers that checked their inputs already:
     :func:`paged_ref.plan_decode` and ``paged_attention(backend="auto")`` on quantised caches.
@@ -491,7 +506,16 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
                              device=f"cuda:{device}")
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
                                device=f"cuda:{device}")
-    ring, limit = shared_bytes(head_dim, stages, warps_per_head, kind), _shared_limit(device)
+    limit = _shared_limit(device)
+    if stages is None:  # by the CTAs that have work (a ragged batch's grid has idle ones)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        chunks = max_chunks * batch
+        if total_tokens is not None:
+            chunks = min(chunks, math.ceil(total_tokens / chunk_len) + batch)
+        columns = num_kv_heads // heads_per_cta(num_kv_heads, warps_per_head,
+                                                _macro(defines, "MAX_WARPS", MAX_WARPS))
+        stages = default_stages(kind, columns * chunks, sms, warps_per_head)
+    ring = shared_bytes(head_dim, stages, warps_per_head, kind)
     if ring > limit:  # (ring: per KV head of a CTA)
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
                          f"memory per head; this GPU allows {limit}: use fewer")
@@ -510,17 +534,19 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         grid=(num_kv_heads // heads, max_chunks, batch), threads=32 * heads * warps_per_head,
         smem=ring * heads, merge_threads=32 * min(max_chunks, MAX_MERGE_WARPS),
         chunk_len=chunk_len, max_chunks=max_chunks, max_len=max_len, heads_per_cta=heads,
+        stages=stages,
         qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse,
         dependent_merge=torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
                          out=None, chunk_len=None, max_len=None, total_tokens=None,
-                         stages=DEFAULT_STAGES, defines=()) -> torch.Tensor:
+                         stages=None, defines=()) -> torch.Tensor:
     """Decode attention over FP8 or INT4 caches with the CUDA kernels (see the module
     docstring): a :func:`plan_cuda` and one :meth:`~CudaDecodePlan.run`.
 
-    ``stages``: tiles in each warp's shared-memory ring (2..8); ``defines``: other tuning
+    ``stages``: tiles in each warp's shared-memory ring (2..8; default
+    :func:`default_stages`); ``defines``: other tuning
     macros of the .cu file, for experiments (``("WARPS_PER_HEAD=2", "L2_PREFETCH=128")``).
     ``chunk_len`` (tokens per CTA and KV head) defaults to :func:`default_launch`;
     ``max_len`` (the longest sequence) and ``total_tokens`` are read from ``seq_lens`` when
@@ -541,10 +567,11 @@ def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=N
 
 def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, **kwargs):
     """:func:`paged_attention_cuda` for FP8 caches only (anything else: a TypeError)."""
-    check_cuda_inputs(q, k_cache, v_cache, "fp8", kwargs.get("stages", DEFAULT_STAGES))
+    check_cuda_inputs(q, k_cache, v_cache, "fp8", kwargs.get("stages"))
     return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, **kwargs)
 
 
 __all__ = ["CUDA_FORMATS", "CudaDecodePlan", "check_cuda_inputs", "compile_cubin",
-           "cuda_fp8_available", "cuda_refusal", "default_launch", "heads_per_cta",
+           "cuda_fp8_available", "cuda_refusal", "default_launch", "default_stages",
+           "heads_per_cta",
            "paged_attention_cuda", "paged_attention_cuda_fp8", "plan_cuda", "plan_cuda_for"]

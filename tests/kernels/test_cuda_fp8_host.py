@@ -296,6 +296,49 @@ def plan_defines(monkeypatch, block_size: int, defines=()) -> tuple:
     return asked[0]
 
 
+def planned_stages(monkeypatch, fmt: str, batch: int, max_len: int, total=None) -> int:
+    """The ring depth plan_cuda_for picks for a standard-shape batch, on a pretend H200."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        multi_processor_count=132, shared_memory_per_block_optin=232448))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    monkeypatch.setattr(cuda_fp8, "_function", lambda *a: ctypes.c_void_p())
+    empty = torch.empty  # (the merge's scratch, on the CPU here)
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **k: empty(*a, **k))
+    return cuda_fp8.plan_cuda_for((batch, 32, 128), 16, 8, torch.bfloat16, "cuda:0",
+                                  KVFormat.parse(fmt), max_len=max_len,
+                                  total_tokens=total).stages
+
+
+@pytest.mark.parametrize("fmt, batch, max_len, total, want", [
+    ("fp8", 256, 1024, None, 2),         # 256 CTAs of 8 heads, one warp each
+    ("fp8", 32, 16137, 258483, 2),       # B32_ragged: ~2 CTAs per SM that have work
+    ("fp8_token_head", 256, 1024, None, 2),
+    ("fp8", 64, 4096, None, 3),          # 2 warps a head
+    ("fp8", 8, 32768, None, 3),          # one CTA per SM
+    ("fp8", 1, 131072, None, 3),
+    ("fp8", 4, 2048, None, 3),           # little work
+    ("fp8", 8, 16384, 8 * 300, 3),       # a long table but few tokens: most CTAs idle
+    ("int4", 256, 1024, None, 3),        # INT4 keeps 3 everywhere
+    ("int4", 64, 4096, None, 3),
+])
+def test_plans_pick_the_ring_depth(monkeypatch, fmt, batch, max_len, total, want):
+    assert planned_stages(monkeypatch, fmt, batch, max_len, total) == want
+
+
+def test_ring_depth_rule():
+    assert cuda_fp8.default_stages("fp8", 198, 132, 1) == 2
+    assert cuda_fp8.default_stages("fp8", 197, 132, 1) == 3
+    assert cuda_fp8.default_stages("fp8", 512, 132, 2) == 3
+    assert cuda_fp8.default_stages("int4", 512, 132, 1) == 3
+    inp = make_paged_inputs([40], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                            dtype=torch.bfloat16).quantized("fp8")
+    for bad in (1, 9, 2.5):
+        with pytest.raises(ValueError, match="stages must be 2..8"):
+            cuda_fp8.check_cuda_inputs(inp.q, inp.k_cache, inp.v_cache, "fp8", stages=bad)
+
+
 def test_plans_build_the_small_blocks_kernels_for_blocks_under_16(monkeypatch):
     for block_size in (1, 2, 4, 8):
         assert "SMALL_BLOCKS=1" in plan_defines(monkeypatch, block_size)
