@@ -136,10 +136,17 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
                  "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// The same to a shared-memory address worked out beforehand (INT4's Int4Copier): 16 bytes
+// unmasked (the L2 fetching the whole 128-byte line), or 4 bytes (zeros when !valid).
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* global) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global),
                "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+  cp_async_4_to(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), global, valid);
 }
 // Programmatic dependent launch (sm_90+; no-ops before): the decode kernel lets the merge
 // kernel's launch begin as soon as all its CTAs are running; the merge waits for its data.
@@ -673,7 +680,8 @@ __device__ void fp8_decode(const Args& a) {
 // INT4 caches (paged_ref's "int4" format: two codes a byte, byte i holding channel i in its
 // low nibble and channel i + D/2 in its high nibble; a float16 (scale, zero) per token-head
 // for each of the two halves: x = zero + scale * code). The warps, the ring, the table
-// look-ahead and the softmax are fp8_decode's; what changes is how codes become operands:
+// look-ahead and the softmax are fp8_decode's; the copies (Int4Copier) and the fragment reads
+// (FragmentOffsets) are worked out once per lane; and the codes become operands thus:
 // * a nibble n, alone in the low bits of a 16-bit half, *is* a float16: the subnormal
 //   n * 2^-24, exactly (and in bits 4..7, 16 n * 2^-24); the tensor cores multiply subnormals
 //   exactly, so one and (x & 0x000f000f, or 0x00f000f0 for the high nibbles) makes two
@@ -714,15 +722,6 @@ __device__ __forceinline__ void copy_int4_tile(Int4Stage<D>& st, const LaneCopie
     cp_async_4(st.vs + row, reinterpret_cast<const __half*>(a.v_scale) + s, ok);
     cp_async_4(st.vz + row, reinterpret_cast<const __half*>(a.v_zero) + s, ok);
   }
-}
-
-__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* global) {
-  // 16 bytes global -> shared address dst, the L2 fetching the whole 128-byte line
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(global));
-}
-__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(global),
-               "r"(valid ? 4 : 0));
 }
 
 // What one lane copies of every INT4 tile (blocks of >= 16 tokens), worked out once: its
