@@ -71,8 +71,73 @@ def test_cuda_two_stage_ring(fmt):
                              num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cuda",
                              seed=4, poison="nan").quantized(fmt)
     plan = plan_cuda(*many.args())
-    assert plan.stages == (2 if fmt.startswith("fp8") else 3)
+    # (INT4 on sm_90+: the TMA-fed kernel, whose plans take 4)
+    assert plan.tma == (fmt == "int4" and torch.cuda.get_device_capability() >= (9, 0))
+    assert plan.stages == (2 if fmt.startswith("fp8") else 4 if plan.tma else 3)
     assert_close(plan.run(*many.args()), many.reference(), name=f"default ring, {fmt}")
+
+
+TMA_CASES = [
+    # lengths, block_size, num_q_heads, num_kv_heads (head_dim 128: what int4_decode_tma reads)
+    ([0, 1, 15, 16, 17, 63, 64, 65, 300], 16, 32, 8),
+    (ragged_lengths(9, 1, 3000, seed=1), 32, 64, 16),  # two CTA columns: heads 8..15 too
+    ([5, 700, 1000, 2047], 64, 8, 8),  # tiles at rows 16, 32, 48 of a block
+    ([1100, 300], 16, 48, 8),  # a group of 6
+]
+
+
+@pytest.mark.parametrize("case", range(len(TMA_CASES)))
+def test_cuda_int4_tma_ring_matches_the_per_warp_ring(case):
+    """On sm_90+ INT4 launches of head_dim 128, one warp per head and 8 heads a CTA run
+    int4_decode_tma (the TMA unit fills one ring per CTA); the per-warp kernel
+    (``INT4_TMA=0``) and it both match the float64 answer, chunked and not, with NaN in unused
+    slots (the TMA copies whole blocks' scales: those past the end must be zeroed)."""
+    from paged_ref.kernels.cuda_fp8 import plan_cuda
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the TMA unit is sm_90+")
+    lens, bs, hq, hkv = TMA_CASES[case]
+    inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
+                            block_size=bs, dtype=torch.bfloat16, device="cuda", seed=20 + case,
+                            poison="nan").quantized("int4")
+    for chunk_len in (None, 64, 320):
+        for defines in ((), ("INT4_TMA=0",)):
+            plan = plan_cuda(*inp.args(), chunk_len=chunk_len, defines=defines)
+            assert plan.tma == (not defines)
+            assert_close(plan.run(*inp.args()), inp.reference(),
+                         name=f"int4 {'per-warp' if defines else 'TMA'} case {case} {chunk_len}")
+
+
+def test_cuda_int4_tma_ring_reads_odd_layouts_through_copies():
+    """A cache the TMA unit cannot read as described (a view 16 bytes off an aligned start,
+    scales strided) goes through aligned copies; the same cache twice reuses its tensor maps."""
+    from paged_ref.kernels.cuda_fp8 import plan_cuda
+    from paged_ref.quant import QuantizedKV
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the TMA unit is sm_90+")
+    inp = make_paged_inputs([700, 33], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            dtype=torch.bfloat16, device="cuda", seed=31,
+                            poison="nan").quantized("int4")
+    plan = plan_cuda(*inp.args())
+    assert plan.tma
+    args = inp.args()
+    assert_close(plan.run(*args), inp.reference(), name="int4 TMA plain")
+    plan.run(*args)
+    assert len(plan.tensor_maps) == 1
+
+    def shifted(c):  # the same values, 16 bytes into a larger buffer, scales strided by 2
+        data = torch.empty(c.data.numel() + 16, dtype=torch.uint8, device="cuda")
+        data = data[16:].view(c.data.shape)
+        data.copy_(c.data)
+        wide = [torch.empty(*t.shape[:-1], 4, dtype=t.dtype, device="cuda")
+                for t in (c.scale, c.zero)]
+        for w, t in zip(wide, (c.scale, c.zero), strict=True):
+            w[..., :2] = t
+        return QuantizedKV(data, wide[0][..., :2], wide[1][..., :2], c.format)
+
+    odd = (args[0], shifted(args[1]), shifted(args[2]), *args[3:])
+    assert_close(plan.run(*odd), inp.reference(), name="int4 TMA odd layout")
 
 
 def outlier_inputs(fmt: str):
@@ -166,22 +231,36 @@ MUTANTS = {
         "pb[h][1] = *reinterpret_cast<const uint32_t*>(&r1);"),
     "copies not swizzled as the reads are": ("dst[i] = swizzled<ROW>(row * ROW + piece * 16);",
                                              "dst[i] = row * ROW + piece * 16;"),
-    "int4: copies not swizzled as the reads are": (
+    "int4 per-warp ring: copies not swizzled as the reads are": (
         ": base + swizzled<ROW>((row0 + i * STEP_ROWS) * ROW + piece * 16);",
         ": base + (row0 + i * STEP_ROWS) * ROW + piece * 16;"),
-    "int4: K rows g + 8 read from rows g": ("st.k + k[0] + 8 * ROW * j", "st.k + k[0]"),
-    "int4: V rows 2t + 1 read 64 bytes on, not across bit 6": (
+    "int4 per-warp ring: K rows g + 8 read from rows g": ("st.k + k[0] + 8 * ROW * j",
+                                                          "st.k + k[0]"),
+    "int4 per-warp ring: V rows 2t + 1 read 64 bytes on, not across bit 6": (
         "((j & 1) ? v[0] ^ 64 : v[0])", "((j & 1) ? v[0] + 64 : v[0])"),
-    "int4: scales past the end not masked (NaN in unused slots)": (
+    "int4 per-warp ring: scales past the end not masked (NaN in unused slots)": (
         "const bool ok = t0 + lane % TILE < end;\n    cp_async_4_to(",
         "const bool ok = true;\n    cp_async_4_to("),
     "int4: bytes 1 and 3 shifted one byte too far": (
         'asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 24));',
         'asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 16));'),
+    "int4 TMA ring: V rows in plain token order, K's permuted": (
+        "const int v_token = row_token(2 * t + e);", "const int v_token = 2 * t + e;"),
+    "int4 TMA ring: V pairs past the end not zeroed (NaN in unused slots)": (
+        "sc.vs[r] = real ? load_shared_4(pa + 8 * TILE * TMA_HEADS) : 0u;",
+        "sc.vs[r] = load_shared_4(pa + 8 * TILE * TMA_HEADS);"),
+    "int4 TMA ring: scale rows of tokens g, not of MMA rows g": (
+        "4 * (k_token * TMA_HEADS + warp), lane);", "4 * (g * TMA_HEADS + warp), lane);"),
     "merge of warp 0 only": ("for (int w = 0; w < warps; ++w) {\n      const float f",
                              "for (int w = 0; w < 1; ++w) {\n      const float f"),
     "merge does not wait for the partials": ("  dependent_launch_wait();\n", ""),
 }
+
+
+def mutant_defines(mutant: str) -> tuple:
+    """The per-warp INT4 ring's mistakes are planted in the kernel that sm_90+ runs only when
+    asked (``INT4_TMA=0``); tools/gpu/precompile_cuda.py compiles them so."""
+    return ("INT4_TMA=0",) if mutant.startswith("int4 per-warp ring") else ()
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
@@ -211,7 +290,8 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
         plan.part_lse.fill_(float("nan"))
         out = plan.run(*inp.args())
     else:
-        out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None)
+        out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None,
+                                   defines=mutant_defines(mutant))
     with pytest.raises(AssertionError):
         assert_close(out, inp.reference(), name=mutant)
 

@@ -125,3 +125,47 @@ def table() -> list[dict]:
                              **{f"{layout}_lines_whole": lines_stay_whole(layout, row_bytes)
                                 for layout in LAYOUTS}))
     return rows
+
+
+# --- the TMA-fed INT4 kernel's ring (int4_decode_tma: head_dim 128, 8 heads a CTA) -------
+#
+# The TMA unit writes a tile of all 8 heads as 16 tokens x 4 head pairs x 128 bytes, 128-byte
+# swizzled (16-byte chunk c of 128-byte row r at c ^ (r % 8)). A warp reads one head: half of
+# each row. The swizzle of row 4 token + pair depends on the token's parity only, so lanes
+# served together conflict unless they read tokens of both parities: the MMA rows take the
+# tokens in the order of :func:`row_token` (bit 0 flipped where bit 1 is set). K's reads are
+# then conflict-free and V's take twice the ideal (four tokens a group, two of each parity):
+# 24 wavefronts a tile, the fewest any order of the rows gets (16 with no conflict at all).
+
+def tma_place(token: int, head: int, byte: int) -> int:
+    """Shared-memory byte of ``byte`` (0..63) of ``head``'s row of ``token`` in a TMA tile."""
+    at = 128 * (4 * token + head // 2) + 64 * (head % 2) + byte
+    return at ^ (((at >> 7) & 7) << 4)
+
+
+def row_token(row: int) -> int:
+    """The token of MMA row ``row`` (0..15) in int4_decode_tma (the .cu's row_token)."""
+    return row ^ ((row >> 1) & 1)
+
+
+def tma_step_wavefronts(head: int, order=row_token) -> int:
+    """Wavefronts of one tile step's fragment reads of ``head`` in a TMA tile, the MMA rows
+    taking tokens ``order(row)`` (:func:`row_token`, or e.g. ``lambda r: r``)."""
+    _, reads = fragment_reads("int4", 128)
+    return sum(wavefronts([tma_place(order(r), head, b) for r, b in lanes], size)
+               for size, lanes in reads)
+
+
+def tma_offsets(head: int, lane: int) -> tuple[int, list[int]]:
+    """The .cu's ``k_at`` and ``v_at[e]`` (less the ring's base; v_at from the V tile) for
+    ``lane`` of the warp of ``head``, by its formulas: K rows g, g + 8 at k_at + 4096 j; V
+    rows 2t + e + 8 (j >> 1), e = j & 1, at v_at[e] + 4096 (j >> 1)."""
+    g, t, pair, side = lane // 4, lane % 4, head // 2, head % 2
+    k_token = row_token(g)
+    k_at = (4 * k_token + pair) * 128 + ((4 * side + t) ^ (4 * (k_token & 1) + pair)) * 16
+    v_at = []
+    for e in range(2):
+        v_token = row_token(2 * t + e)
+        v_at.append((4 * v_token + pair) * 128
+                    + ((4 * side + g // 2) ^ (4 * (v_token & 1) + pair)) * 16 + (g % 2) * 8)
+    return k_at, v_at

@@ -32,7 +32,7 @@ import math
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,8 +51,15 @@ DEFAULT_STAGES = 3
 HEAD_DIMS = (64, 128, 256)
 
 
+class _TensorMap(ctypes.Structure):
+    """``CUtensorMap``: 128 opaque bytes that ``cuTensorMapEncodeTiled`` fills (64-byte aligned
+    in the .cu's ``Args``: ``_Args`` pads to it)."""
+
+    _fields_ = [("opaque", ctypes.c_ulonglong * 16)]
+
+
 class _Args(ctypes.Structure):
-    """The kernel's ``struct Args``, field for field."""
+    """The kernel's ``struct Args``, field for field (1024 bytes)."""
 
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "q", "k", "v", "k_scale", "v_scale", "block_tables", "seq_lens", "out", "part_o",
@@ -61,7 +68,77 @@ class _Args(ctypes.Structure):
             "table_sb")] + [(n, ctypes.c_int) for n in (
                 "block_shift", "group", "chunk_len", "max_chunks", "max_len",
                 "heads_per_cta")] + [
-        ("qk_scale_log2", ctypes.c_float)]
+        ("qk_scale_log2", ctypes.c_float), ("_pad", ctypes.c_char * 44),  # (to byte 256)
+        ("k_map", _TensorMap), ("v_map", _TensorMap), ("pair_maps", _TensorMap * 4)]
+
+
+#: KV heads a CTA of the TMA-fed INT4 kernel (the .cu's TMA_HEADS)
+TMA_HEADS = 8
+
+
+def tma_feeds(kind: str, head_dim: int, block_size: int, warps_per_head: int, heads: int,
+              capability: tuple, defines: tuple = ()) -> bool:
+    """Whether a launch runs ``int4_decode_tma`` (the .cu's INT4 kernel whose CTA shares one
+    ring that the TMA unit fills): INT4, head_dim 128, one warp per head and ``TMA_HEADS``
+    KV heads a CTA, blocks of >= 16 tokens, compute capability 9.0+, and no ``INT4_TMA=0``
+    in ``defines`` (the per-warp kernel, for comparisons)."""
+    return (kind == "int4" and head_dim == 128 and warps_per_head == 1 and heads == TMA_HEADS
+            and block_size >= TILE and tuple(capability) >= (9, 0)
+            and _macro(defines, "INT4_TMA", 1) == 1)
+
+
+def tma_shared_bytes(stages: int) -> int:
+    """Dynamic shared memory of an ``int4_decode_tma`` CTA: ``stages`` tiles of all 8 heads
+    (the .cu's ``Int4TmaStage``: 2 x 16 x 8 x 64 bytes of codes and 4 x 16 x 8 (scale, zero)
+    pairs), two 8-byte barriers a stage, and 1024 bytes of slack to align the ring (the TMA
+    unit's swizzle is of 1024-byte blocks)."""
+    return stages * (2 * TILE * TMA_HEADS * 64 + 4 * TILE * TMA_HEADS * 4 + 16) + 1024
+
+
+U8, U32, SWIZZLE_128B, NO_SWIZZLE = 0, 2, 3, 0  # (cuda.h's enums)
+#: How much the L2 fetches around each of the TMA unit's requests (cuda.h's
+#: CUtensorMapL2promotion: 0 none, 1 64 bytes, 2 128, 3 256): 128 bytes, B64_L4096 0.0907 ms
+#: against 0.0923 with 256 (``benchmarks/h200/tma_promotion_probe.json``; none: 0.0907)
+L2_PROMOTION = 2
+
+
+def _encode(tensor: torch.Tensor, dtype: int, dims: tuple, strides: tuple, box: tuple,
+            swizzle: int) -> _TensorMap:
+    """``cuTensorMapEncodeTiled`` of ``tensor``'s memory as a tensor of ``dims`` elements
+    (innermost first) with byte ``strides`` (of dims 1.., innermost first) and boxes ``box``."""
+    tensor_map, n = _TensorMap(), len(dims)
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    _check(_driver().cuTensorMapEncodeTiled(
+        ctypes.byref(tensor_map), dtype, n, ctypes.c_void_p(tensor.data_ptr()),
+        (u64 * n)(*dims), (u64 * (n - 1))(*strides), (u32 * n)(*box), (u32 * n)(*[1] * n),
+        0, swizzle, L2_PROMOTION, 0), "cuTensorMapEncodeTiled")
+    return tensor_map
+
+
+def _tma_maps(codes: torch.Tensor, v_codes: torch.Tensor, pairs: tuple):
+    """What ``int4_decode_tma`` reads through the TMA unit (six ``_TensorMap``, in ``Args``'
+    order): the K and V codes
+    ``[num_blocks, block_size, Hkv, 64]`` (uint8) as tensors of 128-byte rows (two heads), head
+    pairs, tokens of a block, blocks, with boxes of 128 bytes x 4 pairs x 16 tokens, 128-byte
+    swizzled; and each (scale, zero) tensor ``[num_blocks, block_size, Hkv, 2]`` (float16) as
+    4-byte pairs, heads, tokens, blocks, with boxes of 8 heads x 16 tokens."""
+    blocks, block_size, heads, row = codes.shape
+    maps = [_encode(c, U8, (2 * row, heads // 2, block_size, blocks),
+                    (c.stride(2) * 2, c.stride(1), c.stride(0)), (2 * row, TMA_HEADS // 2, TILE, 1),
+                    SWIZZLE_128B) for c in (codes, v_codes)]
+    maps += [_encode(t, U32, (heads, block_size, blocks), (2 * t.stride(1), 2 * t.stride(0)),
+                     (TMA_HEADS, TILE, 1), NO_SWIZZLE) for t in pairs]
+    return (_TensorMap * 6)(*maps)
+
+
+def _tma_readable(codes: torch.Tensor, pairs: tuple) -> bool:
+    """Whether the TMA unit can read these tensors as ``_tma_maps`` describes them: codes with
+    each token's heads side by side (stride 64 bytes a head), pairs side by side (2 float16s a
+    head), and addresses and strides multiples of 16 bytes."""
+    return (codes.stride(3) == 1 and codes.stride(2) == codes.shape[3]
+            and all(x % 16 == 0 for x in (codes.stride(0), codes.stride(1), codes.data_ptr()))
+            and all(t.stride(3) == 1 and t.stride(2) == 2 and t.data_ptr() % 16 == 0
+                    and all(2 * x % 16 == 0 for x in t.stride()[:2]) for t in pairs))
 
 
 def nvcc_path() -> str | None:
@@ -265,13 +342,19 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
     return min(max(chunk, 256), max_len), 1
 
 
-def default_stages(kind: str, ctas: int, sms: int, warps_per_head: int) -> int:
+def default_stages(kind: str, ctas: int, sms: int, warps_per_head: int,
+                   tma: bool = False) -> int:
     """Tiles in each warp's ring for a launch of ``ctas`` CTAs (``benchmarks/h200/
     source_ab_probe_2026-12-01_stages2.json``, the H200): FP8 with one warp per head and about
     two CTAs per SM or more (B256_L1024, the ragged batch) reads 1.8-1.9 % faster with 2 (one
     tile in flight while one is used) than with 3; with one CTA per SM (B8_L32768,
     B1_L131072) or two warps a head (B64_L4096) 2 stages were 6-8 % slower. INT4 was as fast
-    or slower with 2 everywhere (21 % on B1_L131072) and 4 % slower with 4."""
+    or slower with 2 everywhere (21 % on B1_L131072) and 4 % slower with 4. The TMA-fed INT4
+    kernel (``tma``: :func:`tma_feeds`; one ring per CTA) takes 4, still 2 tiles ahead but
+    with a tile of slack before a stage must be free (the .cu's ``TMA_LAG``): B1_L131072
+    0.0611 against 0.0640 ms with 3 (``h200/host_cost_probe_2026-12-01_int4_tma.json``)."""
+    if tma:
+        return 4
     if kind == "fp8" and warps_per_head == 1 and ctas >= 1.5 * sms:
         return 2
     return DEFAULT_STAGES
@@ -378,6 +461,10 @@ class CudaDecodePlan:
     part_o: torch.Tensor | None  # [B, Hq, max_chunks, D] float32 scratch (None: one chunk)
     part_lse: torch.Tensor | None
     dependent_merge: bool = True  # the merge as a programmatic dependent launch (Hopper+)
+    tma: bool = False  # int4_decode_tma (tma_feeds): the TMA unit reads the cache
+    # its descriptions of the caches seen so far (_tma_maps), by address, shape and strides:
+    # a cache is described once, not on every call
+    tensor_maps: dict = field(default_factory=dict, compare=False, repr=False)
 
     def run(self, q, k_cache, v_cache, block_tables, seq_lens, out=None) -> torch.Tensor:
         """Attention for these tensors (shaped, typed and placed as planned)."""
@@ -416,6 +503,21 @@ class CudaDecodePlan:
                 ks, kz, vs, vz = (t.contiguous() for t in pairs)
         elif vs.stride() != ks.stride():
             ks, vs = ks.contiguous(), vs.contiguous()
+        maps = None
+        if self.tma:  # the TMA unit's descriptions of these tensors (once per cache)
+            key = (data.data_ptr(), v_data.data_ptr(), ks.data_ptr(), kz.data_ptr(),
+                   vs.data_ptr(), vz.data_ptr(), data.shape[0], data.stride(), ks.stride())
+            maps = self.tensor_maps.get(key)
+            if maps is None:
+                if not all(_tma_readable(c, (ks, kz, vs, vz)) for c in (data, v_data)):
+                    # (copies, laid out and aligned as the TMA unit reads them, every call)
+                    data, v_data, ks, kz, vs, vz = (t.clone(memory_format=torch.contiguous_format)
+                                                    for t in (data, v_data, ks, kz, vs, vz))
+                    maps = _tma_maps(data, v_data, (ks, kz, vs, vz))
+                else:
+                    if len(self.tensor_maps) >= 16:  # (caches come and go: keep the last few)
+                        self.tensor_maps.clear()
+                    maps = self.tensor_maps[key] = _tma_maps(data, v_data, (ks, kz, vs, vz))
         s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() >= 3 else (0, 0, 0)
         if max(*data.stride(), *s_strides) >= 2 ** 31:  # (the kernels step within a block in int)
             raise ValueError(f"the CUDA kernels take caches whose strides fit 32 bits; got "
@@ -432,6 +534,8 @@ class CudaDecodePlan:
             self.q_shape[1] // self.cache_shape[1],
             self.chunk_len, self.max_chunks, self.max_len, self.heads_per_cta,
             self.qk_scale_log2)
+        if maps is not None:  # (6 maps, in Args' order: one copy of 768 bytes)
+            ctypes.memmove(ctypes.addressof(args) + _Args.k_map.offset, maps, ctypes.sizeof(maps))
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _launch(self.decode, self.grid, self.threads, self.smem, args, stream)
         if self.merge is not None:
@@ -512,9 +616,10 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         chunks = max_chunks * batch
         if total_tokens is not None:
             chunks = min(chunks, math.ceil(total_tokens / chunk_len) + batch)
-        columns = num_kv_heads // heads_per_cta(num_kv_heads, warps_per_head,
-                                                _macro(defines, "MAX_WARPS", MAX_WARPS))
-        stages = default_stages(kind, columns * chunks, sms, warps_per_head)
+        heads = heads_per_cta(num_kv_heads, warps_per_head, _macro(defines, "MAX_WARPS", MAX_WARPS))
+        tma = tma_feeds(kind, head_dim, block_size, warps_per_head, heads,
+                        torch.cuda.get_device_capability(device), defines)
+        stages = default_stages(kind, num_kv_heads // heads * chunks, sms, warps_per_head, tma)
     ring = shared_bytes(head_dim, stages, warps_per_head, kind)
     if ring > limit:  # (ring: per KV head of a CTA)
         raise ValueError(f"{stages} stages of head_dim {head_dim} need {ring} bytes of shared "
@@ -524,6 +629,11 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
                               limit // ring * warps_per_head))
     name = f"{'bf16' if dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
+    tma = tma_feeds(kind, head_dim, block_size, warps_per_head, heads,
+                    torch.cuda.get_device_capability(device), defines)
+    smem = tma_shared_bytes(stages) if tma else ring * heads
+    if tma:
+        kernel = "int4_decode_tma_{}"
     return CudaDecodePlan(
         q_shape=tuple(q_shape), q_dtype=dtype,
         cache_shape=(block_size, num_kv_heads, head_dim), kv_format=kv_format,
@@ -532,11 +642,11 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         merge=(_function(device, f"fp8_merge_{name}", stages, defines, SOURCE)
                if max_chunks > 1 else None),
         grid=(num_kv_heads // heads, max_chunks, batch), threads=32 * heads * warps_per_head,
-        smem=ring * heads, merge_threads=32 * min(max_chunks, MAX_MERGE_WARPS),
+        smem=smem, merge_threads=32 * min(max_chunks, MAX_MERGE_WARPS),
         chunk_len=chunk_len, max_chunks=max_chunks, max_len=max_len, heads_per_cta=heads,
         stages=stages,
         qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse,
-        dependent_merge=torch.cuda.get_device_capability(device) >= (9, 0))
+        dependent_merge=torch.cuda.get_device_capability(device) >= (9, 0), tma=tma)
 
 
 def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,

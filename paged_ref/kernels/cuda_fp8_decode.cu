@@ -41,6 +41,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifndef WARPS_PER_HEAD
@@ -166,6 +167,80 @@ __device__ __forceinline__ void cp_async_wait() {  // all but the newest N group
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned, that the driver's
+// cuTensorMapEncodeTiled fills on the host and the TMA unit reads (int4_decode_tma).
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+// Shared-memory barriers that count bytes, and the TMA unit's copies (sm_90+: only
+// int4_decode_tma uses them). A barrier's phase completes when its expected arrivals have
+// arrived and the bytes it was told to expect have landed; waiters name the phase by parity.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void barrier_init(uint32_t bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals));
+}
+__device__ __forceinline__ void barrier_init_fence() {  // the inits, visible to the TMA unit
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// One arrival, and `bytes` more to land before the phase completes
+__device__ __forceinline__ void barrier_arrive_expect(uint32_t bar, int bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+#endif
+}
+// Loads from shared addresses (the TMA ring's, worked out once)
+__device__ __forceinline__ void load_shared_16(uint32_t (&x)[4], uint32_t at) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3]) : "r"(at));
+}
+__device__ __forceinline__ void load_shared_8(uint32_t (&x)[2], uint32_t at) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x[0]), "=r"(x[1]) : "r"(at));
+}
+__device__ __forceinline__ uint32_t load_shared_4(uint32_t at) {
+  uint32_t x;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(at));
+  return x;
+}
+// The TMA unit copies the box at coordinates (x0, x1, x2, x3) of `map` (innermost first) to
+// shared address `dst`, counting its bytes on barrier `bar` (one thread issues it)
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const TensorMap* map, int x0, int x1,
+                                            int x2, int x3, uint32_t bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(dst), "l"(map), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, int x0, int x1,
+                                            int x2, uint32_t bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];"
+      ::"r"(dst), "l"(map), "r"(x0), "r"(x1), "r"(x2), "r"(bar) : "memory");
+#endif
+}
+
 struct Args {
   const void* q;              // [B, Hq, D] float16 / bfloat16
   const uint8_t* k;           // e4m3 codes [num_blocks, block_size, Hkv, D]
@@ -189,7 +264,12 @@ struct Args {
   int max_len;                // lengths are clamped to this (what the launch was planned for)
   int heads_per_cta;          // KV heads side by side in one CTA (blockDim = 32 * this * WARPS_PER_HEAD)
   float qk_scale_log2;        // softmax scale * log2(e)
+  char _pad[44];              // (to byte 256: cuda_fp8.py's _Args spells it out too)
+  // int4_decode_tma only (cuda_fp8.py encodes them): the K and V codes and the four
+  // (scale, zero) tensors as the TMA unit's tensors (see int4_decode_tma)
+  TensorMap k_map, v_map, pair_maps[4];  // pair_maps: k_scale, k_zero, v_scale, v_zero
 };
+static_assert(offsetof(Args, k_map) == 256 && sizeof(Args) == 1024, "cuda_fp8.py's _Args");
 
 // Where logical byte `at` of a tile (rows of ROW bytes, one after another) lives in shared
 // memory: the 16-byte chunks of each 128-byte line are permuted, chunk c of line n at
@@ -681,17 +761,9 @@ __device__ void fp8_decode(const Args& a) {
 // low nibble and channel i + D/2 in its high nibble; a float16 (scale, zero) per token-head
 // for each of the two halves: x = zero + scale * code). The warps, the ring, the table
 // look-ahead and the softmax are fp8_decode's; the copies (Int4Copier) and the fragment reads
-// (FragmentOffsets) are worked out once per lane; and the codes become operands thus:
-// * a nibble n, alone in the low bits of a 16-bit half, *is* a float16: the subnormal
-//   n * 2^-24, exactly (and in bits 4..7, 16 n * 2^-24); the tensor cores multiply subnormals
-//   exactly, so one and (x & 0x000f000f, or 0x00f000f0 for the high nibbles) makes two
-//   operands, and the 2^24 (2^20) comes out once, with the scales. (The usual trick, or-ing n
-//   into 1024.0's mantissa, leaves 1024 + n, and taking 1024 * sum(p) back out of a float32
-//   sum over thousands of tokens loses the digits a small average needs.)
-// * every MMA's 16 channels lie in one half, so one (scale, zero) per token applies:
-//   S_t = sum_h scale_h(t) * (q_h . codes_h(t)) + zero_h(t) * sum(q_h), two accumulators;
-//   O = sum_t (p_t scale_h(t)) codes_h(t) + sum_t p_t zero_h(t), p_t scale_h(t) (float16,
-//   multiplied before the transpose, so each thread scales its own 2 tokens) as the B operand.
+// (FragmentOffsets) are worked out once per lane; Int4Head turns the codes into MMA operands.
+// On sm_90+ the common launch (head_dim 128, one warp per head, 8 KV heads a CTA) runs
+// int4_decode_tma instead: one ring per CTA, filled by the TMA unit.
 
 template <int D>
 struct Int4Stage {
@@ -840,20 +912,35 @@ __device__ __forceinline__ float2 f16x2_to_float2(uint32_t x) {
   return __half22float2(*reinterpret_cast<const __half2*>(&x));
 }
 
+// What one tile of int4_decode needs besides its codes, for this thread's two token rows r
+// (the MMA's rows g and g + 8): each token's (scale, zero) pairs as float16x2 words (low half,
+// high half), and whether it is a real token (before the end). The V pair of a token that is
+// not must be zeros: its weight 0 times an unused slot's NaN would be NaN.
+struct Int4TileScales {
+  uint32_t ks[2], kz[2], vs[2], vz[2];
+  bool real[2];
+};
+
+// One warp's KV head in int4_decode (either ring): its queries as MMA operands, its running
+// softmax and output, a tile's step and the end. The codes become operands thus:
+// * a nibble n, alone in the low bits of a 16-bit half, *is* a float16: the subnormal
+//   n * 2^-24, exactly (and in bits 4..7, 16 n * 2^-24); the tensor cores multiply subnormals
+//   exactly, so one and (x & 0x000f000f, or 0x00f000f0 for the high nibbles) makes two
+//   operands, and the 2^24 (2^20) comes out once, with the scales. (The usual trick, or-ing n
+//   into 1024.0's mantissa, leaves 1024 + n, and taking 1024 * sum(p) back out of a float32
+//   sum over thousands of tokens loses the digits a small average needs.)
+// * every MMA's 16 channels lie in one half, so one (scale, zero) per token applies:
+//   S_t = sum_h scale_h(t) * (q_h . codes_h(t)) + zero_h(t) * sum(q_h), two accumulators;
+//   O = sum_t (p_t scale_h(t)) codes_h(t) + sum_t p_t zero_h(t), p_t scale_h(t) (float16,
+//   multiplied before the transpose, so each thread scales its own 2 tokens) as the B operand.
+// * the tile's 16 tokens may reach the MMA rows in any order, as long as K's rows, the
+//   scales and V's columns (P's k-slots) follow the same one: "token g" below is the token of
+//   MMA row g (the TMA ring reads them permuted, to spread its reads over the banks).
 template <typename T, int D>
-__device__ void int4_decode(const Args& a) {
-  constexpr int KW = D / 32;  // words of K a thread reads per token row (D/8 bytes)
-  constexpr int VW = D / 64;  // words of V a thread reads per token row (D/16 bytes)
-  constexpr int OT = D / 32;  // m-tiles of O^T per half (16 channels each)
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const WarpWork w(a);
-  if (w.idle()) return;
-  const int kv_head = w.kv_head, b = w.b, start = w.start, end = w.end;
-
-  extern __shared__ __align__(128) uint8_t smem[];
-  Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
-
+struct Int4Head {
+  static constexpr int KW = D / 32;  // words of K a thread reads per token row (D/8 bytes)
+  static constexpr int VW = D / 64;  // words of V a thread reads per token row (D/16 bytes)
+  static constexpr int OT = D / 32;  // m-tiles of O^T per half (16 channels each)
   // Q^T as B fragments (column g <-> query g). K-step (h, w), h = 0 for the low nibbles
   // (channels < D/2), 1 for the high: slots (2t, 2t+1) <-> channels c, c+2 and (2t+8, 2t+9)
   // <-> c+1, c+3, with c = h * D/2 + t * D/8 + 4w (the order a word's nibbles unpack in).
@@ -861,9 +948,17 @@ __device__ void int4_decode(const Args& a) {
   // zero points' term of its scores).
   uint32_t qb[2][KW][2];
   float qz[2][2];
-  {
-    const T* qrow = reinterpret_cast<const T*>(a.q) + b * a.q_sb +
-                    (long long)(kv_head * a.group + g) * a.q_sh + t * (D / 8);
+  float low_qk, high_qk;
+  // O^T accumulators per half h, m-tile j: thread (g, t) holds queries 2t, 2t+1 of the
+  // channels h * D/2 + g * D/16 + 2j (o[h][j][0..1]) and the next one (o[h][j][2..3]); they
+  // hold sum_t p_t scale_h(t) code / 2^24 (2^20 for h = 1), and zs[h][u] this thread's
+  // tokens' sum_t p_t zero_h(t) for query 2t + u.
+  float o[2][OT][4];
+  float m[2], l[2], zs[2][2];
+
+  __device__ __forceinline__ Int4Head(const Args& a, const WarpWork& w, int g, int t) {
+    const T* qrow = reinterpret_cast<const T*>(a.q) + w.b * a.q_sb +
+                    (long long)(w.kv_head * a.group + g) * a.q_sh + t * (D / 8);
     const bool real = g < a.group;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -883,19 +978,145 @@ __device__ void int4_decode(const Args& a) {
       for (int u = 0; u < 2; ++u)
         qz[h][u] = __shfl_sync(FULL, qsum, 4 * (2 * t + u)) * a.qk_scale_log2;
     }
+    low_qk = LOW_UNIT * a.qk_scale_log2;
+    high_qk = HIGH_UNIT * a.qk_scale_log2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < OT; ++j) o[h][j][0] = o[h][j][1] = o[h][j][2] = o[h][j][3] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    zs[0][0] = zs[0][1] = zs[1][0] = zs[1][1] = 0.f;
   }
-  const float low_qk = LOW_UNIT * a.qk_scale_log2, high_qk = HIGH_UNIT * a.qk_scale_log2;
-  // O^T accumulators per half h, m-tile j: thread (g, t) holds queries 2t, 2t+1 of the
-  // channels h * D/2 + g * D/16 + 2j (o[h][j][0..1]) and the next one (o[h][j][2..3]); they
-  // hold sum_t p_t scale_h(t) code / 2^24 (2^20 for h = 1), and zs[h][u] this thread's
-  // tokens' sum_t p_t zero_h(t) for query 2t + u.
-  float o[2][OT][4];
+
+  // One tile: kw, K rows g, g + 8 (16 K-step words each); vw, V rows 2t + (j & 1) + 8 (j >> 1)
+  // (this thread's D/16 bytes of each); sc, rows g and g + 8's scales.
+  __device__ __forceinline__ void tile(const uint32_t (&kw)[2][KW], const uint32_t (&vw)[4][VW],
+                                       const Int4TileScales& sc) {
+    // S^T = K Q^T per half (K the A operand: rows g, g+8 <-> tokens t0 + g, t0 + g + 8), in
+    // units of 2^-24 (2^-20). c[h][i]: token g + 8 (i >> 1), query 2t + (i & 1).
+    float c[2][4] = {};
+  #pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      const uint32_t x = kw[0][w], y = kw[1][w], x8 = byte_shift(x), y8 = byte_shift(y);
+      const uint32_t lo[4] = {low_nibbles(x), low_nibbles(y), low_nibbles(x8), low_nibbles(y8)};
+      mma_16816(c[0], lo, qb[0][w][0], qb[0][w][1]);
+      const uint32_t hi[4] = {high_nibbles(x), high_nibbles(y), high_nibbles(x8),
+                              high_nibbles(y8)};
+      mma_16816(c[1], hi, qb[1][w][0], qb[1][w][1]);
+    }
+    float x[4];  // scores (log2 units): token g + 8 (i >> 1), query 2t + (i & 1)
+  #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 ks = f16x2_to_float2(sc.ks[r]), kz = f16x2_to_float2(sc.kz[r]);
+      const float k0 = low_qk * ks.x, k1 = high_qk * ks.y;
+      const bool real = sc.real[r];
+  #pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int i = 2 * r + u;
+        x[i] = real ? k0 * c[0][i] + k1 * c[1][i] + (kz.x * qz[0][u] + kz.y * qz[1][u])
+                    : -INFINITY;
+      }
+    }
+    float p[4], alpha[2];
+    const bool grew = softmax_step(x, m, l, p, alpha);
+    if (grew) {
+  #pragma unroll
+      for (int h = 0; h < 2; ++h)
+  #pragma unroll
+        for (int j = 0; j < OT; ++j) {
+          o[h][j][0] *= alpha[0]; o[h][j][1] *= alpha[1];
+          o[h][j][2] *= alpha[0]; o[h][j][3] *= alpha[1];
+        }
+    }
+    // P'^T per half: p_t scale_h(t) in float16, this thread's rows (tokens g, g+8) times their
+    // scale, transposed into the B operand (k-slot i <-> token t0 + i, column g <-> query g);
+    // and the zero points' sums.
+    const uint32_t pg = pack_f16x2(p[0], p[1]), pg8 = pack_f16x2(p[2], p[3]);
+    const __half2 vs_g = *reinterpret_cast<const __half2*>(&sc.vs[0]);
+    const __half2 vs_g8 = *reinterpret_cast<const __half2*>(&sc.vs[1]);
+    const float2 vz_g = f16x2_to_float2(sc.vz[0]), vz_g8 = f16x2_to_float2(sc.vz[1]);
+    uint32_t pb[2][2];
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 s_g = h ? __high2half2(vs_g) : __low2half2(vs_g);
+      const __half2 s_g8 = h ? __high2half2(vs_g8) : __low2half2(vs_g8);
+      const __half2 r0 = __hmul2(*reinterpret_cast<const __half2*>(&pg), s_g);
+      const __half2 r1 = __hmul2(*reinterpret_cast<const __half2*>(&pg8), s_g8);
+      pb[h][0] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r0));
+      pb[h][1] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r1));
+      const float z0 = h ? vz_g.y : vz_g.x, z1 = h ? vz_g8.y : vz_g8.x;
+  #pragma unroll
+      for (int u = 0; u < 2; ++u) zs[h][u] = zs[h][u] * alpha[u] + (p[u] * z0 + p[2 + u] * z1);
+    }
+    // O^T += V^T P'^T: word k of a token row holds bytes 4k..4k+3 of this thread's D/16;
+    // prmt pairs tokens (2t, 2t+1) and (2t+8, 2t+9) byte by byte (bytes 0, 1 | 2, 3), and the
+    // nibble of each byte pair lands in the two halves of one float16x2.
+  #pragma unroll
+    for (int k = 0; k < VW; ++k) {
+  #pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t sel = e ? 0x7632 : 0x5410;
+        const uint32_t r01 = prmt(vw[0][k], vw[1][k], sel), r23 = prmt(vw[2][k], vw[3][k], sel);
+        const uint32_t s01 = byte_shift(r01), s23 = byte_shift(r23);  // each pair's 2nd byte
+        const uint32_t lo[4] = {low_nibbles(r01), low_nibbles(s01), low_nibbles(r23),
+                                low_nibbles(s23)};
+        mma_16816(o[0][2 * k + e], lo, pb[0][0], pb[0][1]);
+        const uint32_t hi[4] = {high_nibbles(r01), high_nibbles(s01), high_nibbles(r23),
+                                high_nibbles(s23)};
+        mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);
+      }
+    }
+  }
+
+  // The end of the chunk: queries 2t + u's sums and zero-point corrections over the 8 lanes,
+  // the two units out, and finish_head's write.
+  __device__ __forceinline__ void finish(const Args& a, uint8_t* smem, const WarpWork& w, int g) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+    for (int d = 4; d < 32; d *= 2) {
 #pragma unroll
-    for (int j = 0; j < OT; ++j) o[h][j][0] = o[h][j][1] = o[h][j][2] = o[h][j][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float zs[2][2] = {};
+      for (int u = 0; u < 2; ++u) {
+        l[u] += __shfl_xor_sync(FULL, l[u], d);
+        zs[0][u] += __shfl_xor_sync(FULL, zs[0][u], d);
+        zs[1][u] += __shfl_xor_sync(FULL, zs[1][u], d);
+      }
+    }
+    float ov[2][D / 8];
+    int base[D / 32];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float shift = zs[h][u], unit = h ? HIGH_UNIT : LOW_UNIT;
+#pragma unroll
+        for (int k = 0; k < VW; ++k) {  // channels h * D/2 + g * D/16 + 4k + (0..3)
+          const int n = h * VW + k;
+          base[n] = h * (D / 2) + g * (D / 16) + 4 * k;
+          ov[u][4 * n] = unit * o[h][2 * k][u] + shift;
+          ov[u][4 * n + 1] = unit * o[h][2 * k][2 + u] + shift;
+          ov[u][4 * n + 2] = unit * o[h][2 * k + 1][u] + shift;
+          ov[u][4 * n + 3] = unit * o[h][2 * k + 1][2 + u] + shift;
+        }
+      }
+    }
+    finish_head<T, D>(a, smem, ov, base, m, l, 1.f, w.kv_head, w.start, w.end, w.n_chunks);
+  }
+};
+
+// INT4 decode through each warp's own cp.async ring (every GPU; int4_decode_tma below feeds
+// the common launch on sm_90+ instead).
+template <typename T, int D>
+__device__ void int4_decode(const Args& a) {
+  constexpr int KW = D / 32, VW = D / 64;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const WarpWork w(a);
+  if (w.idle()) return;
+  const int end = w.end;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  Int4Stage<D>* ring = reinterpret_cast<Int4Stage<D>*>(smem) + warp * STAGES;
+  Int4Head<T, D> head(a, w, g, t);
 
   TableAhead entries(a, w, lane);
   const LaneCopies<D / 2> lanes(a, lane);   // (blocks of < 16 tokens)
@@ -905,7 +1126,7 @@ __device__ void int4_decode(const Args& a) {
   auto copy = [&]() {
     const int t0 = w.first + copied * w.step, blk = entries.at(a, w, copied, lane);
     if constexpr (SMALL_BLOCKS)
-      copy_int4_tile<D>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table, kv_head,
+      copy_int4_tile<D>(ring[copy_stage], lanes, a, w.k_head, w.v_minus_k, w.table, w.kv_head,
                         t0, end, lane, blk);
     else
       copier.tile(a, copy_stage * sizeof(Int4Stage<D>), blk, t0, end, lane);
@@ -927,116 +1148,175 @@ __device__ void int4_decode(const Args& a) {
     stage = stage == STAGES - 1 ? 0 : stage + 1;
     uint32_t kw[2][KW], vw[4][VW];
     frag.read(kw, vw, st);
-
-    // S^T = K Q^T per half (K the A operand: rows g, g+8 <-> tokens t0 + g, t0 + g + 8), in
-    // units of 2^-24 (2^-20). c[h][i]: token g + 8 (i >> 1), query 2t + (i & 1).
-    float c[2][4] = {};
-#pragma unroll
-    for (int w = 0; w < KW; ++w) {
-      const uint32_t x = kw[0][w], y = kw[1][w], x8 = byte_shift(x), y8 = byte_shift(y);
-      const uint32_t lo[4] = {low_nibbles(x), low_nibbles(y), low_nibbles(x8), low_nibbles(y8)};
-      mma_16816(c[0], lo, qb[0][w][0], qb[0][w][1]);
-      const uint32_t hi[4] = {high_nibbles(x), high_nibbles(y), high_nibbles(x8),
-                              high_nibbles(y8)};
-      mma_16816(c[1], hi, qb[1][w][0], qb[1][w][1]);
-    }
-    float x[4];  // scores (log2 units): token g + 8 (i >> 1), query 2t + (i & 1)
+    Int4TileScales sc;  // (zeros past the end: the copies' mask)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int tk = g + 8 * r;
-      const float2 ks = f16x2_to_float2(st.ks[tk]), kz = f16x2_to_float2(st.kz[tk]);
-      const float k0 = low_qk * ks.x, k1 = high_qk * ks.y;
-      const bool real = t0 + tk < end;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int i = 2 * r + u;
-        x[i] = real ? k0 * c[0][i] + k1 * c[1][i] + (kz.x * qz[0][u] + kz.y * qz[1][u])
-                    : -INFINITY;
-      }
+      sc.ks[r] = st.ks[tk]; sc.kz[r] = st.kz[tk]; sc.vs[r] = st.vs[tk]; sc.vz[r] = st.vz[tk];
+      sc.real[r] = t0 + tk < end;
     }
-    float p[4], alpha[2];
-    const bool grew = softmax_step(x, m, l, p, alpha);
-    if (grew) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < OT; ++j) {
-          o[h][j][0] *= alpha[0]; o[h][j][1] *= alpha[1];
-          o[h][j][2] *= alpha[0]; o[h][j][3] *= alpha[1];
-        }
-    }
-    // P'^T per half: p_t scale_h(t) in float16, this thread's rows (tokens g, g+8) times their
-    // scale, transposed into the B operand (k-slot i <-> token t0 + i, column g <-> query g);
-    // and the zero points' sums.
-    const uint32_t pg = pack_f16x2(p[0], p[1]), pg8 = pack_f16x2(p[2], p[3]);
-    const __half2 vs_g = *reinterpret_cast<const __half2*>(&st.vs[g]);
-    const __half2 vs_g8 = *reinterpret_cast<const __half2*>(&st.vs[g + 8]);
-    const float2 vz_g = f16x2_to_float2(st.vz[g]), vz_g8 = f16x2_to_float2(st.vz[g + 8]);
-    uint32_t pb[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2 s_g = h ? __high2half2(vs_g) : __low2half2(vs_g);
-      const __half2 s_g8 = h ? __high2half2(vs_g8) : __low2half2(vs_g8);
-      const __half2 r0 = __hmul2(*reinterpret_cast<const __half2*>(&pg), s_g);
-      const __half2 r1 = __hmul2(*reinterpret_cast<const __half2*>(&pg8), s_g8);
-      pb[h][0] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r0));
-      pb[h][1] = transpose8x8(*reinterpret_cast<const uint32_t*>(&r1));
-      const float z0 = h ? vz_g.y : vz_g.x, z1 = h ? vz_g8.y : vz_g8.x;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) zs[h][u] = zs[h][u] * alpha[u] + (p[u] * z0 + p[2 + u] * z1);
-    }
-    // O^T += V^T P'^T: word k of a token row holds bytes 4k..4k+3 of this thread's D/16;
-    // prmt pairs tokens (2t, 2t+1) and (2t+8, 2t+9) byte by byte (bytes 0, 1 | 2, 3), and the
-    // nibble of each byte pair lands in the two halves of one float16x2.
-#pragma unroll
-    for (int k = 0; k < VW; ++k) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const uint32_t sel = e ? 0x7632 : 0x5410;
-        const uint32_t r01 = prmt(vw[0][k], vw[1][k], sel), r23 = prmt(vw[2][k], vw[3][k], sel);
-        const uint32_t s01 = byte_shift(r01), s23 = byte_shift(r23);  // each pair's 2nd byte
-        const uint32_t lo[4] = {low_nibbles(r01), low_nibbles(s01), low_nibbles(r23),
-                                low_nibbles(s23)};
-        mma_16816(o[0][2 * k + e], lo, pb[0][0], pb[0][1]);
-        const uint32_t hi[4] = {high_nibbles(r01), high_nibbles(s01), high_nibbles(r23),
-                                high_nibbles(s23)};
-        mma_16816(o[1][2 * k + e], hi, pb[1][0], pb[1][1]);
-      }
-    }
+    head.tile(kw, vw, sc);
   }
   cp_async_wait<0>();
-  // Queries 2t + u: their max is m[u]; their sum and zero-point corrections, the 8 lanes'.
-#pragma unroll
-  for (int d = 4; d < 32; d *= 2) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      l[u] += __shfl_xor_sync(FULL, l[u], d);
-      zs[0][u] += __shfl_xor_sync(FULL, zs[0][u], d);
-      zs[1][u] += __shfl_xor_sync(FULL, zs[1][u], d);
-    }
-  }
-  float ov[2][D / 8];
-  int base[D / 32];
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float shift = zs[h][u], unit = h ? HIGH_UNIT : LOW_UNIT;
-#pragma unroll
-      for (int k = 0; k < VW; ++k) {  // channels h * D/2 + g * D/16 + 4k + (0..3)
-        const int n = h * VW + k;
-        base[n] = h * (D / 2) + g * (D / 16) + 4 * k;
-        ov[u][4 * n] = unit * o[h][2 * k][u] + shift;
-        ov[u][4 * n + 1] = unit * o[h][2 * k][2 + u] + shift;
-        ov[u][4 * n + 2] = unit * o[h][2 * k + 1][u] + shift;
-        ov[u][4 * n + 3] = unit * o[h][2 * k + 1][2 + u] + shift;
-      }
-    }
-  }
-  finish_head<T, D>(a, smem, ov, base, m, l, 1.f, kv_head, start, end, w.n_chunks);
+  head.finish(a, smem, w, g);
 }
 
+// ---------------------------------------------------------------------------------------
+// INT4 fed by the TMA unit (sm_90+): the common launch, head_dim 128 with one warp per head
+// and 8 KV heads a CTA (TMA_HEADS), blocks of >= 16 tokens. In int4_decode every warp spends
+// ~40 instructions a tile on its own copies (addresses, 6 cp.async, the table look-ahead's
+// shuffle, the ring's bookkeeping), and INT4 is short of issue slots (benchmarks/README.md).
+// Here the CTA's 8 warps share one ring of STAGES tiles, each tile all 8 heads' 16 tokens:
+// * one thread asks the TMA unit for a whole tile: the K and V codes as two boxes of
+//   16 tokens x 4 head pairs x 128 bytes (8 KB each, one DRAM stream of whole token rows), and
+//   each of the 4 (scale, zero) tensors as a box of 16 tokens x 8 heads (512 bytes); the
+//   tile's `full` barrier completes when all their bytes have landed;
+// * the warps take turns at that: at step i, warp i % 8 refills the stage tile i - TMA_LAG
+//   used, with tile i - TMA_LAG + STAGES, once all 8 warps have arrived on that stage's
+//   `empty` barrier (they do after their last read of it);
+// * the unit writes the codes 128-byte swizzled (16-byte chunk c of 128-byte row r at
+//   c ^ (r % 8)); row r = 4 token + pair, so a token's swizzle depends on its parity only,
+//   and a warp's head is half of each row: tokens of one parity meet on the same 16 banks.
+//   The MMA rows take the tokens permuted (row_token: bit 0 flipped where bit 1 is set), so
+//   that each group of lanes served together reads tokens of both parities: K's reads are
+//   conflict-free, V's take 2 wavefronts where 1 would do (24 a tile against 16 ideal and
+//   40 in plain order; paged_ref/course/banks.py counts them);
+// * slots past the end hold whatever the cache holds there: codes are finite numbers, their
+//   scores are masked, and their V pairs are zeroed before they meet a weight of 0.
+#ifndef INT4_TMA
+#define INT4_TMA 1  // 0: no int4_decode_tma entry points (cuda_fp8.py then runs int4_decode)
+#endif
+#define TMA_HEADS 8
+#ifndef TMA_LAG  // at step i, the stage of tile i - TMA_LAG is refilled (with tile i - TMA_LAG
+                 // + STAGES): the slack the slowest warp has before its turn's warp waits. With
+                 // 4 stages (the plans' default here), 2: two tiles ahead, as with 3 and 1
+#define TMA_LAG (STAGES >= 4 ? 2 : 1)
+#endif
+struct Int4TmaStage {  // one tile of the CTA's 8 heads, as the TMA unit writes it
+  uint8_t k[TILE * TMA_HEADS * 64];  // [token][head pair][128 bytes], swizzled
+  uint8_t v[TILE * TMA_HEADS * 64];
+  uint32_t pairs[4][TILE * TMA_HEADS];  // k_scale, k_zero, v_scale, v_zero: [token][head]
+};
+static_assert(sizeof(Int4TmaStage) % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
 
+// The token of MMA row r of a tile (r < 16): bit 0 flipped where bit 1 is set (see above)
+__device__ __forceinline__ int row_token(int r) { return r ^ ((r >> 1) & 1); }
+
+template <typename T>
+__device__ void int4_decode_tma(const Args& a) {
+  constexpr int D = 128, KW = D / 32, VW = D / 64;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warps = blockDim.x / 32;  // = TMA_HEADS
+  constexpr int AHEAD = STAGES - TMA_LAG;  // tiles in flight (or landed) ahead of the one used
+  static_assert(AHEAD >= 1, "TMA_LAG < STAGES");
+  const WarpWork w(a);
+  if (w.idle()) return;
+  const int end = w.end;
+
+  // The ring at the first 1024-byte boundary (cuda_fp8.py allows the slack), then its
+  // barriers: full[s] (1 arrival + the tile's bytes) and empty[s] (one arrival per warp).
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t base = (shared_address(smem) + 1023) & ~1023u;
+  const uint32_t full = base + STAGES * sizeof(Int4TmaStage), empty = full + 8 * STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      barrier_init(full + 8 * s, 1);
+      barrier_init(empty + 8 * s, warps);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  // Tile p (tokens first + 16 p of the chunk, all in one block) into stage p % STAGES.
+  const int head0 = blockIdx.x * TMA_HEADS, in_block = (1 << a.block_shift) - 1;
+  auto issue = [&](int p, int blk) {
+    const uint32_t dst = base + (p % STAGES) * sizeof(Int4TmaStage), bar = full + 8 * (p % STAGES);
+    const int row0 = (w.first + p * TILE) & in_block;
+    barrier_arrive_expect(bar, sizeof(Int4TmaStage));
+    tma_load_4d(dst, &a.k_map, 0, head0 / 2, row0, blk, bar);
+    tma_load_4d(dst + offsetof(Int4TmaStage, v), &a.v_map, 0, head0 / 2, row0, blk, bar);
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+      tma_load_3d(dst + offsetof(Int4TmaStage, pairs) + n * 4 * TILE * TMA_HEADS,
+                  &a.pair_maps[n], head0, row0, blk, bar);
+  };
+  auto entry = [&](int p) {
+    return p < w.n_tiles ? w.table[(w.first + p * TILE) >> a.block_shift] : 0;
+  };
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < AHEAD; ++p)
+      if (p < w.n_tiles) issue(p, entry(p));
+  }
+  // This warp issues tiles warp + AHEAD, then every 8th; lane 0 reads each one's table entry
+  // 8 tiles ahead.
+  int turn = warp, turn_blk = lane == 0 ? entry(warp + AHEAD) : 0;
+
+  // Where this thread's fragments lie in stage 0 (shared addresses; see Int4Head::tile for
+  // which rows): K rows g, g + 8 (tokens row_token(g) + 0, 8) at k_at, + 4096; V rows
+  // 2t + e + 8 (j >> 1), e = j & 1 (tokens row_token(2t + e) + 8 (j >> 1)) at v_at[e] +
+  // 4096 (j >> 1) (a token's swizzle is its parity's: tokens 8 apart share it); and K rows
+  // g, g + 8's (scale, zero) pairs at pair_at + 4 * 16 * 8 n, + 8 * 32.
+  // (Each passes through an identity shuffle: ptxas, short of registers, would otherwise
+  // work them out again from threadIdx in every tile, ~30 instructions.)
+  const int pair = warp / 2, side = warp % 2;  // this head's pair, and its half of the row
+  const int k_token = row_token(g);
+  const uint32_t k_at = __shfl_sync(FULL, base + (4 * k_token + pair) * 128 +
+                                    ((4 * side + t) ^ (4 * (k_token & 1) + pair)) * 16, lane);
+  uint32_t v_at[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int v_token = row_token(2 * t + e);
+    v_at[e] = __shfl_sync(FULL, base + offsetof(Int4TmaStage, v) + (4 * v_token + pair) * 128 +
+                                    ((4 * side + g / 2) ^ (4 * (v_token & 1) + pair)) * 16 +
+                                    (g % 2) * 8, lane);
+  }
+  const uint32_t pair_at = __shfl_sync(FULL, base + offsetof(Int4TmaStage, pairs) +
+                                       4 * (k_token * TMA_HEADS + warp), lane);
+  const int k_end = __shfl_sync(FULL, end - k_token, lane);  // row g is real while t0 < this
+  Int4Head<T, D> head(a, w, g, t);
+
+  int stage = 0;
+  uint32_t phase = 0;  // parity of the ring's pass (flips when stage wraps to 0)
+  for (int i = 0, t0 = w.first; i < w.n_tiles; ++i, t0 += TILE) {
+    barrier_wait(full + 8 * stage, phase);  // tile i has landed
+    if (i == turn) {  // this warp's turn: tile i + AHEAD into the stage tile i - TMA_LAG used
+      turn += warps;
+      if (lane == 0 && i + AHEAD < w.n_tiles) {
+        const int used = i - TMA_LAG;
+        if (used >= 0) barrier_wait(empty + 8 * (used % STAGES), (used / STAGES) & 1);
+        issue(i + AHEAD, turn_blk);
+        turn_blk = entry(turn + AHEAD);
+      }
+    }
+    const uint32_t at = stage * (uint32_t)sizeof(Int4TmaStage);
+    uint32_t kw[2][KW], vw[4][VW];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) load_shared_16(kw[j], k_at + at + 4096 * j);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) load_shared_8(vw[j], v_at[j & 1] + at + 4096 * (j >> 1));
+    Int4TileScales sc;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t pa = pair_at + at + 8 * 32 * r;
+      const bool real = t0 + 8 * r < k_end;
+      sc.ks[r] = load_shared_4(pa);
+      sc.kz[r] = load_shared_4(pa + 4 * TILE * TMA_HEADS);
+      sc.vs[r] = real ? load_shared_4(pa + 8 * TILE * TMA_HEADS) : 0u;
+      sc.vz[r] = real ? load_shared_4(pa + 12 * TILE * TMA_HEADS) : 0u;
+      sc.real[r] = real;
+    }
+    head.tile(kw, vw, sc);
+    __syncwarp();  // every lane's reads of the stage are done:
+    if (lane == 0) barrier_arrive(empty + 8 * stage);  // (it may be refilled)
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  head.finish(a, smem, w, g);
+}
 
 // Combine the chunks of each (sequence, query head): grid (Hq, B), blockDim.x / 32 warps
 // (<= MAX_MERGE_WARPS). Warp w folds chunks w, w + warps, ... (each lane D/32 channels), then
@@ -1094,18 +1374,28 @@ __device__ void fp8_merge(const Args& a) {
 // (head_dim 256 holds twice the fragments: one CTA of MAX_WARPS per SM, else it spills)
 #define DECODE(NAME, T, D, TOKEN)                                                        \
   extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
-      NAME(const Args a) {                                                                 \
+      NAME(const __grid_constant__ Args a) {                                                                 \
     allow_dependent_launch();                                                              \
     fp8_decode<T, D, TOKEN>(a);                                                          \
   }
 #define MERGE(NAME, T, D) \
-  extern "C" __global__ void __launch_bounds__(MAX_MERGE_WARPS * 32) NAME(const Args a) { fp8_merge<T, D>(a); }
+  extern "C" __global__ void __launch_bounds__(MAX_MERGE_WARPS * 32) NAME(const __grid_constant__ Args a) { fp8_merge<T, D>(a); }
 #define INT4(NAME, T, D)                                                                 \
   extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, D == 256 ? 1 : MIN_BLOCKS)  \
-      NAME(const Args a) {                                                                 \
+      NAME(const __grid_constant__ Args a) {                                                                 \
     allow_dependent_launch();                                                              \
     int4_decode<T, D>(a);                                                                  \
   }
+#if INT4_TMA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)  // (the TMA unit: sm_90+)
+#define INT4_TMA_ENTRY(NAME, T)                                                           \
+  extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, MIN_BLOCKS)                 \
+      NAME(const __grid_constant__ Args a) {                                               \
+    allow_dependent_launch();                                                              \
+    int4_decode_tma<T>(a);                                                                 \
+  }
+INT4_TMA_ENTRY(int4_decode_tma_f16_d128, __half)
+INT4_TMA_ENTRY(int4_decode_tma_bf16_d128, __nv_bfloat16)
+#endif
 #define ALL(TN, T, D)                                   \
   DECODE(fp8_decode_##TN##_d##D, T, D, false)           \
   DECODE(fp8_decode_##TN##_d##D##_token, T, D, true)    \

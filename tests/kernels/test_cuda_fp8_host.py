@@ -320,8 +320,9 @@ def planned_stages(monkeypatch, fmt: str, batch: int, max_len: int, total=None) 
     ("fp8", 1, 131072, None, 3),
     ("fp8", 4, 2048, None, 3),           # little work
     ("fp8", 8, 16384, 8 * 300, 3),       # a long table but few tokens: most CTAs idle
-    ("int4", 256, 1024, None, 3),        # INT4 keeps 3 everywhere
-    ("int4", 64, 4096, None, 3),
+    ("int4", 256, 1024, None, 4),        # INT4 on sm_90: the TMA ring, 4 stages
+    ("int4", 64, 4096, None, 4),
+    ("int4", 1, 131072, None, 4),
 ])
 def test_plans_pick_the_ring_depth(monkeypatch, fmt, batch, max_len, total, want):
     assert planned_stages(monkeypatch, fmt, batch, max_len, total) == want
@@ -332,6 +333,7 @@ def test_ring_depth_rule():
     assert cuda_fp8.default_stages("fp8", 197, 132, 1) == 3
     assert cuda_fp8.default_stages("fp8", 512, 132, 2) == 3
     assert cuda_fp8.default_stages("int4", 512, 132, 1) == 3
+    assert cuda_fp8.default_stages("int4", 512, 132, 1, tma=True) == 4
     inp = make_paged_inputs([40], num_q_heads=8, num_kv_heads=2, head_dim=64,
                             dtype=torch.bfloat16).quantized("fp8")
     for bad in (1, 9, 2.5):
@@ -398,3 +400,79 @@ def test_blocks_of_16_copy_without_a_table_read_per_row(kernel, tmp_path, monkey
         loads[build] = min(loop_loads(sass))  # the tile loop (the innermost with MMAs)
     assert loads["common"] <= 1 < loads["small"]
     assert loads["runtime"] > 1  # (predicated off, its per-row table reads still issue)
+
+
+# --- the TMA-fed INT4 kernel's ring (banks.tma_*) -------------------------------------------
+
+def test_tma_ring_reads_take_the_fewest_wavefronts_in_row_token_order():
+    """Every head's fragment reads of a TMA tile take 24 wavefronts a tile when the MMA rows
+    take the tokens as row_token says (K's conflict-free, V's two a group of lanes), the
+    fewest of any order of the tile's first 8 rows (checked over all 40,320); in plain order
+    (the planted mistake) 40, and with bits 0 and 1 swapped 32."""
+    assert banks.ideal_wavefronts("int4", 128) == 16
+    for head in range(cuda_fp8.TMA_HEADS):
+        assert banks.tma_step_wavefronts(head) == 24
+        assert banks.tma_step_wavefronts(head, order=lambda r: r) == 40
+        assert banks.tma_step_wavefronts(
+            head, order=lambda r: (r & ~3) | ((r & 1) << 1) | ((r >> 1) & 1)) == 32
+    fewest = min(banks.tma_step_wavefronts(0, order=lambda r, p=p: p[r % 8] + r // 8 * 8)
+                 for p in itertools.permutations(range(8)))
+    assert fewest == 24
+    assert sorted(map(banks.row_token, range(16))) == list(range(16))  # a permutation
+
+
+def test_tma_ring_offsets_are_where_the_tma_unit_puts_the_rows():
+    """The .cu's one-offset-a-thread formulas (mirrored in banks.tma_offsets) name the bytes
+    of the rows each read wants: K rows g, g + 8 and V rows 2t + (j & 1) + 8 (j >> 1), as
+    tokens row_token(row), 16 (K) or 8 (V) bytes at t * 16 and g * 8 of the head's 64."""
+    source = cuda_fp8.SOURCE.read_text()
+    assert "int row_token(int r) { return r ^ ((r >> 1) & 1); }" in source  # the same order
+    for head, lane in itertools.product(range(8), range(32)):
+        g, t = lane // 4, lane % 4
+        k_at, v_at = banks.tma_offsets(head, lane)
+        for j in range(2):
+            token = banks.row_token(8 * j + g)
+            assert [k_at + 4096 * j + b for b in range(16)] == [
+                banks.tma_place(token, head, 16 * t + b) for b in range(16)]
+        for j in range(4):
+            token = banks.row_token(2 * t + (j & 1) + 8 * (j >> 1))
+            at = v_at[j & 1] + 4096 * (j >> 1)
+            assert [at + b for b in range(8)] == [
+                banks.tma_place(token, head, 8 * g + b) for b in range(8)]
+
+
+@pytest.mark.parametrize("capability, head_dim, kv_heads, block, defines, tma", [
+    ((9, 0), 128, 8, 16, (), True),
+    ((9, 0), 128, 16, 64, (), True),            # two CTA columns of 8 heads
+    ((9, 0), 128, 8, 16, ("INT4_TMA=0",), False),  # asked for the per-warp ring
+    ((8, 9), 128, 8, 16, (), False),            # no TMA unit
+    ((9, 0), 64, 8, 16, (), False),             # head_dim 64: the per-warp kernel
+    ((9, 0), 128, 4, 16, (), False),            # 4 heads a CTA
+    ((9, 0), 128, 8, 8, (), False),             # blocks of fewer than 16 tokens
+    ((9, 0), 128, 8, 16, ("WARPS_PER_HEAD=2",), False),
+])
+def test_plans_run_the_tma_ring_where_it_reads_the_launch(monkeypatch, capability, head_dim,
+                                                          kv_heads, block, defines, tma):
+    """Which INT4 decode kernel a plan loads, its ring depth and its shared memory (a pretend
+    GPU of 132 SMs and this compute capability)."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        multi_processor_count=132, shared_memory_per_block_optin=232448))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: capability)
+    names = []
+    monkeypatch.setattr(cuda_fp8, "_function",
+                        lambda dev, name, *a: names.append(name) or ctypes.c_void_p())
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **k: empty(*a, **k))
+    plan = cuda_fp8.plan_cuda_for((64, 4 * kv_heads, head_dim), block, kv_heads, torch.bfloat16,
+                                  "cuda:0", KVFormat.parse("int4"), max_len=4096,
+                                  defines=defines)
+    assert plan.tma == tma
+    assert names[0] == (f"int4_decode_tma_bf16_d{head_dim}" if tma
+                        else f"int4_decode_bf16_d{head_dim}")
+    if tma:
+        assert plan.stages == 4 and plan.smem == cuda_fp8.tma_shared_bytes(4)
+        assert plan.threads == 32 * cuda_fp8.TMA_HEADS and plan.smem <= 232448 // 2
+    else:
+        assert plan.stages == 3

@@ -25,14 +25,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
-    parser.add_argument("--stages", default="3", help="ring stages, e.g. 3,4 (for the probe)")
+    parser.add_argument("--stages", default="3,4",
+                        help="ring stages (3: the per-warp rings, 4: the TMA-fed INT4 ring)")
     parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
     parser.add_argument("--defines", default="",
                         help="more macro sets, spelled as the probe's DEFINES: ',A=0+B=1'")
     args = parser.parse_args()
     extra = [tuple(d.split("+")) if d else () for d in args.defines.split(",")]
     jobs = [(int(n), (*x, *d, *small), None) for n in args.stages.split(",") for x in extra
-            for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",))
+            for d in ((), ("WARPS_PER_HEAD=2",), ("WARPS_PER_HEAD=4",), ("INT4_TMA=0",))
             for small in ((), ("SMALL_BLOCKS=1",))]  # (plan_cuda_for's order of defines)
     if args.mutants:
         spec = importlib.util.spec_from_file_location(
@@ -40,10 +41,11 @@ def main() -> None:
         tests = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(tests)  # (its GPU tests skip themselves; only MUTANTS is read)
         text, folder = cuda_fp8.SOURCE.read_text(), Path(tempfile.mkdtemp())
-        for i, (old, new) in enumerate(tests.MUTANTS.values()):
+        for i, (name, (old, new)) in enumerate(tests.MUTANTS.items()):
             source = folder / f"mutant{i}.cu"
             source.write_text(text.replace(old, new))
-            jobs.append((3, (), source))
+            jobs += [(int(n), tests.mutant_defines(name), source)
+                     for n in args.stages.split(",")]
     if args.read_probe:
         jobs.append((3, (), ROOT / "tools" / "gpu" / "read_probe.cu"))
     with ThreadPoolExecutor(2) as pool:

@@ -1,7 +1,8 @@
 """Versions of the CUDA decode kernels side by side on one GPU: for each large bench case and
 format, the kernel built from ``paged_ref/kernels/cuda_fp8_decode.cu`` with each plan option
-set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g. ``chunk_len=512;stages=4``;
-default: the default plan), and from each file in ``$OTHER_SOURCES`` (comma-separated
+set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g.
+``chunk_len=512;stages=4`` or ``defines=INT4_TMA=0|L2_PREFETCH=128``; default: the default
+plan), and from each file in ``$OTHER_SOURCES`` (comma-separated
 ``path[:keywords]``, keywords joined by ``+``; labelled by the file's name without its suffix:
 e.g. the file as an earlier commit had it, with the same ``Args`` struct). Each is checked
 against the float64 answer and timed with the bench's timer, in turns (all versions, then
@@ -33,8 +34,9 @@ REPEATS = int(os.environ.get("REPEATS", "2"))
 
 def variants() -> list[tuple[str, Path, dict]]:
     """(label, source, plan_cuda keywords) of each version to time."""
-    def keywords(spec: str, sep: str) -> dict:
-        return {k: int(v) for k, v in (kv.split("=") for kv in spec.split(sep) if kv)}
+    def keywords(spec: str, sep: str) -> dict:  # (defines=A=0|B=1: the .cu's macros)
+        pairs = [kv.partition("=")[::2] for kv in spec.split(sep) if kv]
+        return {k: tuple(v.split("|")) if k == "defines" else int(v) for k, v in pairs}
 
     found = []
     for entry in filter(None, os.environ.get("OTHER_SOURCES", "").split(",")):
