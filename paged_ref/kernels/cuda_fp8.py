@@ -4,7 +4,9 @@ Why: lesson 10 measured the Triton FP8 kernel at about 2/3 of copy bandwidth and
 at about a quarter, instruction-bound (8-bit and 4-bit tiles reach the tensor cores through
 byte-wide shared-memory loads). The kernels in ``cuda_fp8_decode.cu`` have each thread read
 only its own ``mma.sync`` fragments, 16 bytes at a time, from a per-warp ``cp.async`` ring
-(its header says how). This module compiles them with ``nvcc`` on first use (cached under
+(its header says how); on sm_90+ the common INT4 launch reads from one ring per CTA that the
+TMA unit fills (:func:`tma_feeds`; this module describes the cache to the unit with tensor
+maps, once per cache). This module compiles them with ``nvcc`` on first use (cached under
 ``~/.cache/paged_ref``) and launches them through the CUDA driver API with :mod:`ctypes`: no
 C++ extension build, and a kernel launch is visibly what it is: a function in a loaded
 module, a grid, a block and an argument struct.
@@ -683,5 +685,5 @@ def paged_attention_cuda_fp8(q, k_cache, v_cache, block_tables, seq_lens, **kwar
 
 __all__ = ["CUDA_FORMATS", "CudaDecodePlan", "check_cuda_inputs", "compile_cubin",
            "cuda_fp8_available", "cuda_refusal", "default_launch", "default_stages",
-           "heads_per_cta",
+           "heads_per_cta", "tma_feeds", "tma_shared_bytes", "TMA_HEADS",
            "paged_attention_cuda", "paged_attention_cuda_fp8", "plan_cuda", "plan_cuda_for"]
