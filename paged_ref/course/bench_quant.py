@@ -64,6 +64,13 @@ def quantised_cases(names, formats, device="cuda"):
             torch.cuda.empty_cache()
 
 
+def plan_keywords(spec: str, sep: str = ",") -> dict:
+    """The GPU probes' spelling of ``plan_cuda`` keywords: ``"chunk_len=512,stages=4"`` ->
+    ints, ``"defines=INT4_TMA=0|L2_PREFETCH=128"`` -> a tuple of the .cu's macros."""
+    pairs = [kv.partition("=")[::2] for kv in spec.split(sep) if kv]
+    return {k: tuple(v.split("|")) if k == "defines" else int(v) for k, v in pairs}
+
+
 def measured(fn, ref: torch.Tensor, nbytes: int, copy_bw: float) -> dict:
     """One probe row's numbers for ``fn``: its relative error against ``ref``, then its median
     ms (``time_ms``, the bench's timer) and its share of copy bandwidth for ``nbytes``."""

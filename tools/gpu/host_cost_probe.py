@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import LARGE_CASES, quantised_cases
+from paged_ref.course.bench_quant import LARGE_CASES, plan_keywords, quantised_cases
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.timing import events_ms, time_ms
 from paged_ref.kernels import cuda_fp8
@@ -26,12 +26,8 @@ FORMATS = os.environ.get("FORMATS", "int4").split(",")
 
 
 def options() -> list[tuple[str, dict]]:
-    found = []
-    for spec in os.environ.get("OPTIONS", "").split(";"):
-        pairs = [kv.partition("=")[::2] for kv in spec.split(",") if kv]
-        found.append((spec or "default", {k: tuple(v.split("|")) if k == "defines" else int(v)
-                                          for k, v in pairs}))
-    return found
+    return [(spec or "default", plan_keywords(spec))
+            for spec in os.environ.get("OPTIONS", "").split(";")]
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import LARGE_CASES, measured, quantised_cases
+from paged_ref.course.bench_quant import LARGE_CASES, measured, plan_keywords, quantised_cases
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.timing import copy_bandwidth_gbps
 from paged_ref.kernels import cuda_fp8
@@ -34,17 +34,13 @@ REPEATS = int(os.environ.get("REPEATS", "2"))
 
 def variants() -> list[tuple[str, Path, dict]]:
     """(label, source, plan_cuda keywords) of each version to time."""
-    def keywords(spec: str, sep: str) -> dict:  # (defines=A=0|B=1: the .cu's macros)
-        pairs = [kv.partition("=")[::2] for kv in spec.split(sep) if kv]
-        return {k: tuple(v.split("|")) if k == "defines" else int(v) for k, v in pairs}
-
     found = []
     for entry in filter(None, os.environ.get("OTHER_SOURCES", "").split(",")):
         path, _, spec = entry.partition(":")
         found.append((Path(path).stem + (f"[{spec}]" if spec else ""), Path(path),
-                      keywords(spec, "+")))
+                      plan_keywords(spec, "+")))
     for spec in os.environ.get("OPTIONS", "").split(";"):
-        found.append((f"new[{spec}]" if spec else "new", cuda_fp8.SOURCE, keywords(spec, ",")))
+        found.append((f"new[{spec}]" if spec else "new", cuda_fp8.SOURCE, plan_keywords(spec)))
     return found
 
 
