@@ -613,14 +613,15 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         part_lse = torch.empty(batch, num_q_heads, max_chunks, dtype=torch.float32,
                                device=f"cuda:{device}")
     limit = _shared_limit(device)
+    capability = torch.cuda.get_device_capability(device)
     if stages is None:  # by the CTAs that have work (a ragged batch's grid has idle ones)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         chunks = max_chunks * batch
         if total_tokens is not None:
             chunks = min(chunks, math.ceil(total_tokens / chunk_len) + batch)
         heads = heads_per_cta(num_kv_heads, warps_per_head, _macro(defines, "MAX_WARPS", MAX_WARPS))
-        tma = tma_feeds(kind, head_dim, block_size, warps_per_head, heads,
-                        torch.cuda.get_device_capability(device), defines)
+        tma = tma_feeds(kind, head_dim, block_size, warps_per_head, heads, capability,
+                        defines)
         stages = default_stages(kind, num_kv_heads // heads * chunks, sms, warps_per_head, tma)
     ring = shared_bytes(head_dim, stages, warps_per_head, kind)
     if ring > limit:  # (ring: per KV head of a CTA)
@@ -632,7 +633,7 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
     name = f"{'bf16' if dtype == torch.bfloat16 else 'f16'}_d{head_dim}"
     scale = head_dim ** -0.5 if scale is None else scale
     tma = tma_feeds(kind, head_dim, block_size, warps_per_head, heads,
-                    torch.cuda.get_device_capability(device), defines)
+                    capability, defines)
     smem = tma_shared_bytes(stages) if tma else ring * heads
     if tma:
         kernel = "int4_decode_tma_{}"
@@ -648,7 +649,7 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         chunk_len=chunk_len, max_chunks=max_chunks, max_len=max_len, heads_per_cta=heads,
         stages=stages,
         qk_scale_log2=scale * math.log2(math.e), part_o=part_o, part_lse=part_lse,
-        dependent_merge=torch.cuda.get_device_capability(device) >= (9, 0), tma=tma)
+        dependent_merge=capability >= (9, 0), tma=tma)
 
 
 def paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
