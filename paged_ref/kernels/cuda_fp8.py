@@ -354,9 +354,12 @@ def default_stages(kind: str, ctas: int, sms: int, warps_per_head: int,
     or slower with 2 everywhere (21 % on B1_L131072) and 4 % slower with 4. The TMA-fed INT4
     kernel (``tma``: :func:`tma_feeds`; one ring per CTA) takes 4, still 2 tiles ahead but
     with a tile of slack before a stage must be free (the .cu's ``TMA_LAG``): B1_L131072
-    0.0611 against 0.0640 ms with 3 (``h200/host_cost_probe_2026-12-01_int4_tma.json``)."""
+    0.0611 against 0.0640 ms with 3 (``h200/host_cost_probe_2026-12-01_int4_tma.json``). With
+    at most one CTA per SM it takes 5 (3 tiles ahead: one CTA's 8 warps keep less in flight):
+    B1_L131072 0.0580 against 0.0604 ms, while the batches of 2 CTAs per SM were 2-3 % slower
+    with 5 (``h200/source_ab_probe_2026-12-01_int4_tma_stages.json``)."""
     if tma:
-        return 4
+        return 5 if ctas <= sms else 4
     if kind == "fp8" and warps_per_head == 1 and ctas >= 1.5 * sms:
         return 2
     return DEFAULT_STAGES
@@ -590,9 +593,9 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     device = torch.device(device).index
     device = torch.cuda.current_device() if device is None else device
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     defines = tuple(defines)
     if chunk_len is None and not any(d.startswith("WARPS_PER_HEAD=") for d in defines):
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         chunk_len, warps = default_launch(batch, num_kv_heads, max_len, sms, total_tokens,
                                           kind)
         if warps != WARPS_PER_HEAD:
@@ -615,7 +618,6 @@ def plan_cuda_for(q_shape, block_size: int, num_kv_heads: int, dtype: torch.dtyp
     limit = _shared_limit(device)
     capability = torch.cuda.get_device_capability(device)
     if stages is None:  # by the CTAs that have work (a ragged batch's grid has idle ones)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         chunks = max_chunks * batch
         if total_tokens is not None:
             chunks = min(chunks, math.ceil(total_tokens / chunk_len) + batch)

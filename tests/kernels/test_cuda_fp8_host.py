@@ -322,7 +322,8 @@ def planned_stages(monkeypatch, fmt: str, batch: int, max_len: int, total=None) 
     ("fp8", 8, 16384, 8 * 300, 3),       # a long table but few tokens: most CTAs idle
     ("int4", 256, 1024, None, 4),        # INT4 on sm_90: the TMA ring, 4 stages
     ("int4", 64, 4096, None, 4),
-    ("int4", 1, 131072, None, 4),
+    ("int4", 8, 32768, None, 4),         # 256 CTAs
+    ("int4", 1, 131072, None, 5),        # 128 CTAs, one per SM: 3 tiles ahead
 ])
 def test_plans_pick_the_ring_depth(monkeypatch, fmt, batch, max_len, total, want):
     assert planned_stages(monkeypatch, fmt, batch, max_len, total) == want
@@ -334,6 +335,8 @@ def test_ring_depth_rule():
     assert cuda_fp8.default_stages("fp8", 512, 132, 2) == 3
     assert cuda_fp8.default_stages("int4", 512, 132, 1) == 3
     assert cuda_fp8.default_stages("int4", 512, 132, 1, tma=True) == 4
+    assert cuda_fp8.default_stages("int4", 133, 132, 1, tma=True) == 4
+    assert cuda_fp8.default_stages("int4", 132, 132, 1, tma=True) == 5
     inp = make_paged_inputs([40], num_q_heads=8, num_kv_heads=2, head_dim=64,
                             dtype=torch.bfloat16).quantized("fp8")
     for bad in (1, 9, 2.5):
