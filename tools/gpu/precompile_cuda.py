@@ -3,10 +3,12 @@ call spends its minutes running, not compiling (each build takes ~10 s): the def
 the ``WARPS_PER_HEAD`` variants the tests and the probe use (each also for blocks of fewer
 than 16 tokens, ``SMALL_BLOCKS=1``), each also with the ``--defines`` a probe will ask for,
 and with ``--mutants`` the planted mistakes of ``tests/test_gpu_cuda_fp8.py``. Carry the
-folder and point ``PAGED_REF_CACHE`` at it:
+folder (compressed: a device call carries at most 64 MiB) and point ``PAGED_REF_CACHE`` at it:
 
     PAGED_REF_CACHE=$PWD/build/cubins python tools/gpu/precompile_cuda.py --mutants
-    # then, on the GPU machine (carry build/cubins): PAGED_REF_CACHE=$PWD/build/cubins ...
+    tar -C build -cJf build/cubins.tar.xz cubins   # ~100 MB of cubins -> ~2 MB to carry
+    # then, on the GPU machine (carry build/cubins.tar.xz): tar -C build -xJf build/cubins.tar.xz
+    # and PAGED_REF_CACHE=$PWD/build/cubins ...
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--mutants", action="store_true", help="also the tests' planted mistakes")
-    parser.add_argument("--stages", default="3,4",
-                        help="ring stages (3: the per-warp rings, 4: the TMA-fed INT4 ring)")
+    parser.add_argument("--stages", default="2,3,4,5",
+                        help="ring stages (2, 3: the per-warp rings; 4, 5: the TMA-fed INT4 "
+                             "ring, 5 for launches of at most one CTA per SM)")
     parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
     parser.add_argument("--defines", default="",
                         help="more macro sets, spelled as the probe's DEFINES: ',A=0+B=1'")
