@@ -10,7 +10,12 @@ tables), so % of copy bandwidth is comparable across formats.
 Per row: ``rel_err`` against the float64 answer for the *de-quantised* cache (is the kernel
 right?) and ``rel_err_vs_bf16`` against the float64 answer for the bf16 cache (what the format
 costs). Timing as in :mod:`paged_ref.course.bench` (median of do_bench, L2 flushed, the
-better of two passes after a warm-up). Refuses on a machine without a CUDA GPU.
+better of two passes after a warm-up). do_bench flushes by zeroing 256 MB, which leaves the L2
+full of dirty lines that a decode kernel (it only reads) pays for writing back: each row also
+has ``ms_clean_l2`` (and its ``pct_copy_bw_clean_l2``), the same call after a flush that leaves
+the L2 clean (:func:`~paged_ref.course.timing.clean_l2_ms`), and ``copy_ms`` /
+``copy_ms_clean_l2``, a plain copy of the row's bytes (half read, half written) timed both
+ways: the floor any kernel of that many bytes meets. Refuses on a machine without a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from paged_ref.course.bench_common import (
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PagedInputs, make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps, time_ms
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize
 
 FORMATS = ("bf16", "fp8", "fp8_token_head", "int4", "int4_g128")
@@ -77,6 +82,15 @@ def measured(fn, ref: torch.Tensor, nbytes: int, copy_bw: float) -> dict:
     err = relative_error(fn().float(), ref)
     ms = time_ms(fn)
     return dict(ms=ms, rel_err=err, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
+
+
+def same_bytes_copy(nbytes: int) -> dict:
+    """A plain device-to-device copy that moves ``nbytes`` (half read, half written), timed as
+    the rows are: ``copy_ms`` (do_bench) and ``copy_ms_clean_l2``."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return dict(copy_ms=time_ms(lambda: dst.copy_(src)),
+                copy_ms_clean_l2=clean_l2_ms(lambda: dst.copy_(src)))
 
 
 def our_runners(inp: PagedInputs, configs=()) -> dict:
@@ -181,12 +195,18 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
         def errors(out, ref=ref):  # vs this format's own answer, and vs the bf16 cache's
             return relative_error(out, ref), relative_error(out, ref_bf16)
 
-        for m in check_then_time(f"{name} {fmt}", runners, errors, passes=2):
+        measured_rows = check_then_time(f"{name} {fmt}", runners, errors, passes=2)
+        floor = same_bytes_copy(nbytes) if measured_rows else {}
+        for m in measured_rows:
             err, err_bf16 = m.error
             rate = gbps(nbytes, m.ms)
+            clean = min(clean_l2_ms(m.fn) for _ in range(2))  # (the better of two, as m.ms)
             rows.append(m.row(name, kv_format=fmt, label=f"{m.label}[{fmt}]", gbps=rate,
                               pct_copy_bw=100 * rate / copy_bw, rel_err=err,
-                              rel_err_vs_bf16=err_bf16, bytes=nbytes, ms_passes=m.ms_passes))
+                              rel_err_vs_bf16=err_bf16, bytes=nbytes, ms_passes=m.ms_passes,
+                              ms_clean_l2=clean,
+                              pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw,
+                              **floor))
         del inp, ref, runners
         torch.cuda.empty_cache()
     return rows
@@ -217,10 +237,11 @@ def print_table(rows: list[dict]) -> None:
     from tabulate import tabulate
 
     print(tabulate([[r["case"], r["label"], f"{r['ms']:.4f}", f"{r['bytes'] / 1e6:.0f}",
-                     f"{r['gbps']:.0f}", f"{r['pct_copy_bw']:.1f}", f"{r['rel_err']:.1e}",
+                     f"{r['gbps']:.0f}", f"{r['pct_copy_bw']:.1f}",
+                     f"{r['pct_copy_bw_clean_l2']:.1f}", f"{r['rel_err']:.1e}",
                      f"{r['rel_err_vs_bf16']:.1e}"] for r in rows],
                    headers=["case", "backend[format]", "ms", "MB read", "GB/s", "% copy bw",
-                            "err (own)", "err vs bf16"]))
+                            "% (clean L2)", "err (own)", "err vs bf16"]))
 
 
 def plot(result: dict, path: Path) -> None:

@@ -4,6 +4,8 @@ On a GPU (:func:`gpu_timing_available`):
 
 * :func:`time_ms`: median milliseconds of a call, ``triton.testing.do_bench`` (warm-up, the L2
   flushed before each run, CUDA events); what every GPU number of the course is;
+* :func:`clean_l2_ms`: the same with a flush that leaves the L2 *clean* (do_bench's leaves it
+  full of dirty lines, whose write-back a kernel that only reads then pays for);
 * :func:`graph_ms`: the same call replayed from a CUDA graph (no Python launch cost);
 * :func:`events_ms`: median milliseconds of a call timed with CUDA events, with one's own
   step (an L2 flush of another kind, or none) before each call; for the probes in tools/gpu;
@@ -19,6 +21,7 @@ measure; in Triton's interpreter it measures Python, not a kernel), and :func:`m
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -58,6 +61,40 @@ def events_ms(fn: Callable[[], object], before: Callable[[], object] | None = No
         events.append((start, end))
     events[-1][1].synchronize()  # (the stream's last event: every call has finished)
     return sorted(start.elapsed_time(end) for start, end in events[warmup:])[reps // 2]
+
+
+FLUSH_BYTES = 256 * 2**20  #: what do_bench zeroes before each call (more than any GPU's L2)
+
+
+@functools.cache
+def _read_flush_buffer(device: int) -> torch.Tensor:
+    return torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=f"cuda:{device}")
+
+
+def read_flush() -> None:
+    """Evict the L2 by *reading* 256 MB (``torch.amax`` of a buffer): the L2 is left holding
+    clean lines, which a later kernel's reads can replace without writing anything back."""
+    torch.amax(_read_flush_buffer(torch.cuda.current_device()))
+
+
+def zero_flush() -> None:
+    """Evict the L2 as do_bench does, by zeroing 256 MB: the L2 is left full of dirty lines."""
+    _read_flush_buffer(torch.cuda.current_device()).zero_()
+
+
+def clean_l2_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median milliseconds of ``fn`` after :func:`read_flush` before each call (CUDA events,
+    :func:`events_ms`; as many calls as do_bench makes: ``warmup_ms`` of warm-up, then
+    ``rep_ms`` of timed calls), where :func:`time_ms` zeroes 256 MB. Zeroing leaves the L2 full of
+    dirty lines, and a kernel that only reads (decode attention) pays for writing an L2's
+    worth of them back while it streams: 8-10 us on the H200
+    (``benchmarks/h200/l2_policy_probe_2026-12-01.json``), 10 % of an INT4 decode step of
+    300 MB. A copy pays much less (its own writes stay dirty in the L2, for the next flush to
+    write back). In a serving step the L2 holds few dirty lines (a step's activations are
+    small), so this is the nearer measure of what decode costs there."""
+    estimate = events_ms(fn, read_flush, reps=5, warmup=1)
+    return events_ms(fn, read_flush, reps=max(100, int(rep_ms / estimate)),
+                     warmup=max(10, int(warmup_ms / estimate)))
 
 
 def graph_ms(fn: Callable[[], object]) -> float | None:

@@ -74,3 +74,27 @@ def test_measured_reports_error_time_and_share_of_copy_bandwidth(monkeypatch):
     assert row["ms"] == 2.0
     assert abs(row["rel_err"] - 0.5) < 1e-12  # 0.5 off on every element of ones
     assert abs(row["pct_copy_bw"] - 50.0) < 1e-9  # 1 GB in 2 ms: 500 GB/s of 1000
+
+
+def test_clean_l2_timer_flushes_by_reading_and_times_as_many_calls_as_do_bench(monkeypatch):
+    """``clean_l2_ms`` (the bench's ``ms_clean_l2``) must flush with ``read_flush`` before every
+    call (zeroing would leave dirty lines: the bias it exists to remove) and time ~200 ms of
+    calls after ~25 ms of warm-up (100 calls were too few to be steady on the H200); a stand-in
+    for the CUDA-event timer records what it was asked."""
+    from paged_ref.course import timing
+
+    asked = []
+
+    def fake_events_ms(fn, before=None, reps=100, warmup=10):
+        asked.append((before, reps, warmup))
+        return 0.1  # ms a call
+
+    monkeypatch.setattr(timing, "events_ms", fake_events_ms)
+    assert timing.clean_l2_ms(lambda: None) == 0.1
+    assert all(before is timing.read_flush for before, _, _ in asked)
+    assert asked[-1][1:] == (2000, 250)  # 200 ms / 0.1 ms, 25 ms / 0.1 ms
+    asked.clear()
+    monkeypatch.setattr(timing, "events_ms", lambda fn, before=None, reps=100, warmup=10: (
+        asked.append((before, reps, warmup)) or 50.0))  # a slow call: the floors hold
+    timing.clean_l2_ms(lambda: None)
+    assert asked[-1][1:] == (100, 10)

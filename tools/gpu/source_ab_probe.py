@@ -5,8 +5,9 @@ set in ``$OPTIONS`` (``;``-separated ``plan_cuda`` keywords, e.g.
 plan), and from each file in ``$OTHER_SOURCES`` (comma-separated
 ``path[:keywords]``, keywords joined by ``+``; labelled by the file's name without its suffix:
 e.g. the file as an earlier commit had it, with the same ``Args`` struct). Each is checked
-against the float64 answer and timed with the bench's timer, in turns (all versions, then
-again) so that a drift of the machine's clocks falls on each. Writes
+against the float64 answer and timed with the bench's timer (``ms``) and after a flush that
+leaves the L2 clean (``ms_clean_l2``: :func:`paged_ref.course.timing.clean_l2_ms`), in turns
+(all versions, then again) so that a drift of the machine's clocks falls on each. Writes
 ``$OUT/source_ab_probe.json``.
 
     git show HEAD~1:paged_ref/kernels/cuda_fp8_decode.cu > /tmp/old.cu
@@ -24,7 +25,7 @@ import torch
 
 from paged_ref.course.bench_quant import LARGE_CASES, measured, plan_keywords, quantised_cases
 from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import copy_bandwidth_gbps
+from paged_ref.course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps
 from paged_ref.kernels import cuda_fp8
 
 CASES = os.environ.get("CASES", ",".join(LARGE_CASES)).split(",")
@@ -60,9 +61,11 @@ def main() -> None:
             for label, plan in plans.items():
                 def call(p=plan, a=args, o=out):
                     return p.run(*a, out=o)
+                clean = clean_l2_ms(call)
                 row = dict(case=name, kv_format=fmt, source=label, repeat=rep,
                            chunks=plan.max_chunks, merge_kernel=plan.merge is not None,
-                           **measured(call, ref, nbytes, copy_bw))
+                           **measured(call, ref, nbytes, copy_bw), ms_clean_l2=clean,
+                           pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw)
                 print(row, flush=True)
                 rows.append(row)
         write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
