@@ -67,19 +67,19 @@ FLUSH_BYTES = 256 * 2**20  #: what do_bench zeroes before each call (more than a
 
 
 @functools.cache
-def _read_flush_buffer(device: int) -> torch.Tensor:
+def _flush_buffer(device: int) -> torch.Tensor:
     return torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=f"cuda:{device}")
 
 
 def read_flush() -> None:
     """Evict the L2 by *reading* 256 MB (``torch.amax`` of a buffer): the L2 is left holding
     clean lines, which a later kernel's reads can replace without writing anything back."""
-    torch.amax(_read_flush_buffer(torch.cuda.current_device()))
+    torch.amax(_flush_buffer(torch.cuda.current_device()))
 
 
 def zero_flush() -> None:
     """Evict the L2 as do_bench does, by zeroing 256 MB: the L2 is left full of dirty lines."""
-    _read_flush_buffer(torch.cuda.current_device()).zero_()
+    _flush_buffer(torch.cuda.current_device()).zero_()
 
 
 def clean_l2_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
@@ -87,9 +87,9 @@ def clean_l2_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float =
     :func:`events_ms`; as many calls as do_bench makes: ``warmup_ms`` of warm-up, then
     ``rep_ms`` of timed calls), where :func:`time_ms` zeroes 256 MB. Zeroing leaves the L2 full of
     dirty lines, and a kernel that only reads (decode attention) pays for writing an L2's
-    worth of them back while it streams: 8-10 us on the H200
-    (``benchmarks/h200/l2_policy_probe_2026-12-01.json``), 10 % of an INT4 decode step of
-    300 MB. A copy pays much less (its own writes stay dirty in the L2, for the next flush to
+    worth of them back while it streams: 6-9 us on the H200
+    (``benchmarks/h200/quant_2026-12-01_clean_l2.json``), a tenth of an INT4 decode step of
+    300 MB. A copy pays 3-4 us (its own writes stay dirty in the L2, for the next flush to
     write back). In a serving step the L2 holds few dirty lines (a step's activations are
     small), so this is the nearer measure of what decode costs there."""
     estimate = events_ms(fn, read_flush, reps=5, warmup=1)

@@ -3,7 +3,8 @@ bench times (``time_ms``: the median of do_bench with its 256 MB L2 flush before
 the ceiling that any kernel reading that many bytes meets, next to the copy bandwidth (a 2 GB
 copy) that the bench's shares are of. A copy of N / 2 bytes moves N (read + written). For each
 large case and format: the bytes the decode kernel reads, the copy's ms and its share of copy
-bandwidth. Writes ``$OUT/size_floor_probe.json``.
+bandwidth, and the same after a flush that leaves the L2 clean (``copy_ms_clean_l2``: the
+floor for the bench's ``ms_clean_l2``). Writes ``$OUT/size_floor_probe.json``.
 
     OUT=/tmp/out PYTHONPATH=$PWD python3 tools/gpu/size_floor_probe.py     # about 20 s
 """
@@ -16,20 +17,20 @@ from pathlib import Path
 import torch
 
 from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import LARGE_CASES
+from paged_ref.course.bench_quant import LARGE_CASES, same_bytes_copy
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps, gbps
 
 FORMATS = ("bf16", "fp8", "fp8_token_head", "int4")
 
 
 def copy_share(nbytes: int, copy_bw: float) -> dict:
-    """A copy that moves ``nbytes`` (half read, half written): its ms and share of copy_bw."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
-    return dict(copy_ms=ms, copy_pct_copy_bw=100 * gbps(2 * src.numel(), ms) / copy_bw)
+    """A copy that moves ``nbytes`` (half read, half written): its ms (the bench's timer, and
+    after a flush that leaves the L2 clean) and their shares of copy_bw."""
+    times = same_bytes_copy(nbytes)
+    return dict(**times, copy_pct_copy_bw=100 * gbps(nbytes, times["copy_ms"]) / copy_bw,
+                copy_pct_copy_bw_clean_l2=100 * gbps(nbytes, times["copy_ms_clean_l2"]) / copy_bw)
 
 
 def main() -> None:
