@@ -43,9 +43,9 @@ def main() -> None:
                 plan = plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
                 err = relative_error(plan.run(*args, out=out).float(), float64_reference(inp))
                 calls[block] = (lambda p=plan, a=args, o=out: p.run(*a, out=o), err,
-                                bytes_moved(inp), inp)
+                                bytes_moved(inp))
             for rep in range(2):
-                for block, (call, err, nbytes, _) in calls.items():
+                for block, (call, err, nbytes) in calls.items():
                     ms, clean = time_ms(call), clean_l2_ms(call)
                     row = dict(case=name, kv_format=fmt, block_size=block, repeat=rep,
                                rel_err=err, bytes=nbytes, ms=ms, ms_clean_l2=clean,
