@@ -89,3 +89,29 @@ def test_gpu_clean_flush_spares_a_reading_kernel_the_write_back():
     twice = events_ms(read, lambda: (read_flush(), read_flush()))
     assert clean < dirty - 0.002, (clean, dirty)  # ms
     assert abs(twice - clean) < 0.002, (twice, clean)
+
+
+def test_gpu_bench_timer_sees_the_kernels_not_the_host():
+    """The bench times a call with do_bench, which queues flush, call, flush, call, ... and
+    reads the GPU's events: if ``plan.run`` spends longer on the host than the GPU spends on
+    a flush and a call, the GPU waits for Python and the wait is counted. INT4 on
+    B1_L131072 is the shortest large call (~57 us); when ``plan.run`` took 86-94 us of the
+    GPU machine's host, the bench read 75 us for it, its CUDA graph 57 us
+    (``benchmarks/h200/host_cost_probe_2026-12-01_before.json``). The same calls replayed as
+    one CUDA graph cost the host nothing: the two timings must agree."""
+    from paged_ref.course.bench import CASES, SHAPE
+    from paged_ref.course.timing import time_ms
+    from paged_ref.kernels import cuda_fp8
+
+    if not cuda_fp8.cuda_fp8_available():
+        pytest.skip("needs a GPU with FP8 conversions (sm_89+) and nvcc")
+    lens = CASES["B1_L131072"]
+    inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE).quantized("int4")
+    args, out = inp.args(), torch.empty_like(inp.q)
+    plan = cuda_fp8.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
+    plan.run(*args, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(*args, out=out)
+    called, replayed = time_ms(lambda: plan.run(*args, out=out)), time_ms(graph.replay)
+    assert called < 1.05 * replayed + 0.002, (called, replayed)  # ms

@@ -244,8 +244,17 @@ def _shared_limit(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
+def _raw_stream(device_index: int) -> int:
+    """The handle of ``device_index``'s current CUDA stream (as Triton's launcher takes it:
+    ~0.3 us, where ``torch.cuda.current_stream(...).cuda_stream`` builds a Stream, ~20 us)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return torch.cuda.current_stream(device_index).cuda_stream
+    return raw(device_index)
+
+
 def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
-    argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(args))
     _check(_driver().cuLaunchKernel(fn, *grid, threads, 1, 1, smem, ctypes.c_void_p(stream),
                                     argv, None), "cuLaunchKernel")
 
@@ -269,6 +278,10 @@ class _LaunchConfig(ctypes.Structure):
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
+#: (grid, threads, shared bytes, stream) -> (CUlaunchConfig, its attribute): made once each
+_DEPENDENT_CONFIGS: dict = {}
+
+
 def _launch_dependent(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
     """Launch ``fn`` as a programmatic dependent of the kernel before it in ``stream``
     (Hopper+): its CTAs may be scheduled once every CTA of that kernel has started (the decode
@@ -276,11 +289,17 @@ def _launch_dependent(fn, grid, threads, smem: int, args: _Args, stream: int) ->
     merge starts without a launch gap. Elsewhere (no such driver entry) a plain launch."""
     if not hasattr(_driver(), "cuLaunchKernelEx"):
         return _launch(fn, grid, threads, smem, args, stream)
-    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    config = _LaunchConfig(*grid, threads, 1, 1, smem, ctypes.c_void_p(stream),
-                           ctypes.pointer(attr), 1)
-    argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, argv, None),
+    key = (tuple(grid), threads, smem, stream)
+    made = _DEPENDENT_CONFIGS.get(key)
+    if made is None:
+        if len(_DEPENDENT_CONFIGS) >= 64:  # (streams and plans come and go)
+            _DEPENDENT_CONFIGS.clear()
+        attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        config = _LaunchConfig(*grid, threads, 1, 1, smem, ctypes.c_void_p(stream),
+                               ctypes.pointer(attr), 1)
+        made = _DEPENDENT_CONFIGS[key] = (config, attr)  # (attr: kept alive with config)
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(made[0]), fn, argv, None),
            "cuLaunchKernelEx")
 
 
@@ -472,9 +491,18 @@ class CudaDecodePlan:
     tensor_maps: dict = field(default_factory=dict, compare=False, repr=False)
 
     def run(self, q, k_cache, v_cache, block_tables, seq_lens, out=None) -> torch.Tensor:
-        """Attention for these tensors (shaped, typed and placed as planned)."""
+        """Attention for these tensors (shaped, typed and placed as planned).
+
+        Its host time counts as much as the kernel's: B1_L131072's INT4 call lasts ~57 us on
+        the H200, and this method took 86-94 us of the GPU machine's host, so that the bench's
+        timer (and a serving loop) waited on Python: 75 us for what a CUDA graph of the same
+        call replays in 57 (``benchmarks/h200/host_cost_probe_2026-12-01_before.json``). Read
+        once per tensor, strides cost little; the stream is taken as a raw handle, and the merge's
+        launch configuration is made once: 25-28 us (FP8 15-20), and the bench's timer agrees
+        with the graph (``..._after.json``)."""
+        qs = q.stride()
         if (tuple(q.shape) != self.q_shape or q.dtype != self.q_dtype
-                or q.device.index != self.device_index or q.stride(-1) != 1):
+                or q.get_device() != self.device_index or qs[-1] != 1):
             raise ValueError(f"q {tuple(q.shape)} {q.dtype} on {q.device} does not match the "
                              f"plan: {self.q_shape} {self.q_dtype} on cuda:{self.device_index}, "
                              "head_dim contiguous")
@@ -487,61 +515,69 @@ class CudaDecodePlan:
             out = torch.empty_like(q)
         if self.q_shape[0] == 0:
             return out
-        if q.stride(0) % 4 or q.stride(1) % 4 or q.data_ptr() % 8:  # read 4 elements at a time
+        if qs[0] % 4 or qs[1] % 4 or q.data_ptr() % 8:  # read 4 elements at a time
             q = q.contiguous()
+            qs = q.stride()
         target = out
         # The kernel stores 4 channels at a time: an out it cannot (strides not multiples of 4
         # elements) gets the answer through a contiguous temporary.
-        if out.stride(0) % 4 or out.stride(1) % 4 or out.data_ptr() % 8 or out.stride(2) != 1:
+        o_s = out.stride()
+        if o_s[0] % 4 or o_s[1] % 4 or out.data_ptr() % 8 or o_s[2] != 1:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            o_s = out.stride()
         data, v_data = k_cache.data, v_cache.data
-        if v_data.stride() != data.stride():  # the kernel reads V at K's offsets
+        ds = data.stride()
+        if v_data.stride() != ds:  # the kernel reads V at K's offsets
             data, v_data = data.contiguous(), v_data.contiguous()
+            ds = data.stride()
         if block_tables.stride(1) != 1:  # (the kernel steps through both by 1)
             block_tables = block_tables.contiguous()
         seq_lens = seq_lens.contiguous()
         ks, vs, kz, vz = k_cache.scale, v_cache.scale, k_cache.zero, v_cache.zero
+        ss = ks.stride()
         if kz is not None:  # int4: (scale, zero) pairs read 4 bytes at a time, at K's offsets
             pairs = (ks, kz, vs, vz)
-            if any(t.stride() != ks.stride() or t.stride(-1) != 1 or t.data_ptr() % 4
-                   or any(x % 2 for x in t.stride()[:3]) for t in pairs):
+            if (ss[-1] != 1 or any(x % 2 for x in ss[:3])
+                    or any(t.stride() != ss or t.data_ptr() % 4 for t in pairs)):
                 ks, kz, vs, vz = (t.contiguous() for t in pairs)
-        elif vs.stride() != ks.stride():
+                ss = ks.stride()
+        elif vs.stride() != ss:
             ks, vs = ks.contiguous(), vs.contiguous()
+            ss = ks.stride()
         maps = None
         if self.tma:  # the TMA unit's descriptions of these tensors (once per cache)
             key = (data.data_ptr(), v_data.data_ptr(), ks.data_ptr(), kz.data_ptr(),
-                   vs.data_ptr(), vz.data_ptr(), data.shape[0], data.stride(), ks.stride())
+                   vs.data_ptr(), vz.data_ptr(), data.shape[0], ds, ss)
             maps = self.tensor_maps.get(key)
             if maps is None:
                 if not all(_tma_readable(c, (ks, kz, vs, vz)) for c in (data, v_data)):
                     # (copies, laid out and aligned as the TMA unit reads them, every call)
                     data, v_data, ks, kz, vs, vz = (t.clone(memory_format=torch.contiguous_format)
                                                     for t in (data, v_data, ks, kz, vs, vz))
+                    ds, ss = data.stride(), ks.stride()
                     maps = _tma_maps(data, v_data, (ks, kz, vs, vz))
                 else:
                     if len(self.tensor_maps) >= 16:  # (caches come and go: keep the last few)
                         self.tensor_maps.clear()
                     maps = self.tensor_maps[key] = _tma_maps(data, v_data, (ks, kz, vs, vz))
-        s_strides = (ks.stride(0), ks.stride(1), ks.stride(2)) if ks.dim() >= 3 else (0, 0, 0)
-        if max(*data.stride(), *s_strides) >= 2 ** 31:  # (the kernels step within a block in int)
+        s_strides = ss[:3] if len(ss) >= 3 else (0, 0, 0)
+        if max(*ds, *s_strides) >= 2 ** 31:  # (the kernels step within a block in int)
             raise ValueError(f"the CUDA kernels take caches whose strides fit 32 bits; got "
-                             f"codes {data.stride()}, scales {s_strides}")
+                             f"codes {ds}, scales {s_strides}")
         part_o = out if self.part_o is None else self.part_o
         part_lse = out if self.part_lse is None else self.part_lse
         args = _Args(
             q.data_ptr(), data.data_ptr(), v_data.data_ptr(), ks.data_ptr(), vs.data_ptr(),
             block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), part_o.data_ptr(),
             part_lse.data_ptr(), kz.data_ptr() if kz is not None else None,
-            vz.data_ptr() if vz is not None else None, q.stride(0), q.stride(1),
-            out.stride(0), out.stride(1), data.stride(0), data.stride(1), data.stride(2),
-            *s_strides, block_tables.stride(0), int(math.log2(self.cache_shape[0])),
-            self.q_shape[1] // self.cache_shape[1],
+            vz.data_ptr() if vz is not None else None, qs[0], qs[1], o_s[0], o_s[1],
+            ds[0], ds[1], ds[2], *s_strides, block_tables.stride(0),
+            int(math.log2(self.cache_shape[0])), self.q_shape[1] // self.cache_shape[1],
             self.chunk_len, self.max_chunks, self.max_len, self.heads_per_cta,
             self.qk_scale_log2)
         if maps is not None:  # (6 maps, in Args' order: one copy of 768 bytes)
             ctypes.memmove(ctypes.addressof(args) + _Args.k_map.offset, maps, ctypes.sizeof(maps))
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        stream = _raw_stream(self.device_index)
         _launch(self.decode, self.grid, self.threads, self.smem, args, stream)
         if self.merge is not None:
             launch = _launch_dependent if self.dependent_merge else _launch
