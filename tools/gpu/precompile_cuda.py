@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--stages", default="2,3,4,5",
                         help="ring stages (2, 3: the per-warp rings; 4, 5: the TMA-fed INT4 "
                              "ring, 5 for launches of at most one CTA per SM)")
-    parser.add_argument("--read-probe", action="store_true", help="also tools/gpu/read_probe.cu")
+    parser.add_argument("--read-probe", action="store_true",
+                        help="also tools/gpu/read_probe.cu and int4_read_probe.cu")
     parser.add_argument("--defines", default="",
                         help="more macro sets, spelled as the probe's DEFINES: ',A=0+B=1'")
     args = parser.parse_args()
@@ -50,7 +51,8 @@ def main() -> None:
             jobs += [(int(n), tests.mutant_defines(name), source)
                      for n in args.stages.split(",")]
     if args.read_probe:
-        jobs.append((3, (), ROOT / "tools" / "gpu" / "read_probe.cu"))
+        jobs += [(cuda_fp8.DEFAULT_STAGES, (), ROOT / "tools" / "gpu" / probe)
+                 for probe in ("read_probe.cu", "int4_read_probe.cu")]
     with ThreadPoolExecutor(2) as pool:
         for cubin in pool.map(lambda j: cuda_fp8.compile_cubin(args.arch, *j), jobs):
             print(cubin)
