@@ -11,8 +11,9 @@ leaves the L2 clean (``ms_clean_l2``):
 * ``flat``: one contiguous buffer of the call's bytes, streamed;
 * ``copy``: ``bench_quant.same_bytes_copy`` (half the bytes read, half written).
 
-Percentages are of the copy bandwidth measured first, counting the bench's bytes
-(``bench.bytes_moved``; the ``codes`` rows count what they read). Writes
+``FORMATS=fp8`` reads the FP8 cache instead (16 KB blocks of codes, nothing else) with the same
+rings, for comparison. Percentages are of the copy bandwidth measured first, counting the
+bench's bytes (``bench.bytes_moved``; the ``codes`` rows count what they read). Writes
 ``$OUT/int4_read_probe.json``.
 
     OUT=/tmp/out PAGED_REF_CACHE=build/cubins python3 tools/gpu/int4_read_probe.py  # ~90 s
@@ -39,6 +40,7 @@ from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, _function, _launch, plan_
 
 SOURCE = Path(__file__).resolve().with_name("int4_read_probe.cu")
 NAMES = os.environ.get("CASES", "B64_L4096,B8_L32768,B1_L131072,B256_L1024,B32_ragged").split(",")
+FORMATS = os.environ.get("FORMATS", "int4").split(",")  # (or fp8: its cache, no pieces)
 #: (label, kernel, blocks a stage, with the (scale, zero) pieces)
 PROBES = [("bulk_s4", "probe_int4_bulk_s4", 1, True), ("bulk_s3", "probe_int4_bulk_s3", 1, True),
           ("bulk_s6", "probe_int4_bulk_s6", 1, True), ("bulk_s3_x2", "probe_int4_bulk_s3", 2, True),
@@ -70,8 +72,9 @@ def bulk_runner(kernel: str, per_stage: int, pairs: bool, inp, chunk_len: int, o
     k, v = inp.k_cache, inp.v_cache
     block_bytes = k.data[0].numel()  # codes of one block (all heads)
     pair_bytes = k.scale[0].numel() * k.scale.element_size() if pairs else 0
-    p = P(k.data.data_ptr(), v.data.data_ptr(), k.scale.data_ptr(), k.zero.data_ptr(),
-          v.scale.data_ptr(), v.zero.data_ptr(), inp.block_tables.data_ptr(),
+    pieces = (k.scale, k.zero, v.scale, v.zero) if pairs else ()
+    p = P(k.data.data_ptr(), v.data.data_ptr(), *(t.data_ptr() for t in pieces),
+          *(0,) * (4 - len(pieces)), inp.block_tables.data_ptr(),
           inp.seq_lens.data_ptr(), out.data_ptr(), None, 0, inp.block_tables.stride(0),
           chunk_len, block_bytes, pair_bytes, per_stage)
     ring = int(kernel[-1])
@@ -96,10 +99,11 @@ def flat_runner(nbytes: int, out):
     return run
 
 
-def probe_case(name: str, copy_bw: float) -> list[dict]:
-    """Rows for one case: each call of the list above timed both ways, in two turns."""
+def probe_case(name: str, copy_bw: float, fmt: str = "int4") -> list[dict]:
+    """Rows for one case: each call of the list above timed both ways, in two turns. ``fmt``
+    "fp8": the FP8 cache (16 KB blocks, no pieces), read by the rings without pieces."""
     lens = CASES[name]
-    inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE).quantized("int4")
+    inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE).quantized(fmt)
     args, answer = inp.args(), torch.empty_like(inp.q)
     plan = plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
     err = relative_error(plan.run(*args, out=answer).float(), float64_reference(inp))
@@ -107,8 +111,12 @@ def probe_case(name: str, copy_bw: float) -> list[dict]:
     sums = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
     calls = {"kernel": ((lambda: plan.run(*args, out=answer)), nbytes)}
     for label, kernel, per_stage, pairs in PROBES:
+        if fmt != "int4" and pairs:  # (FP8: the codes are all there is)
+            label, pairs = label.replace("_codes", ""), False
+        elif fmt != "int4":
+            continue
         run, read = bulk_runner(kernel, per_stage, pairs, inp, plan.chunk_len, sums)
-        calls[label] = (run, nbytes if pairs else read)
+        calls[label] = (run, nbytes if pairs or fmt != "int4" else read)
     calls["flat"] = (flat_runner(nbytes, sums), nbytes)
     for call, _ in calls.values():
         call()
@@ -120,7 +128,7 @@ def probe_case(name: str, copy_bw: float) -> list[dict]:
     for rep in range(2):
         for label, (call, counted) in calls.items():
             ms, clean = time_ms(call), clean_l2_ms(call)
-            row = dict(case=name, probe=label, repeat=rep, bytes=counted, ms=ms,
+            row = dict(case=name, kv_format=fmt, probe=label, repeat=rep, bytes=counted, ms=ms,
                        ms_clean_l2=clean, pct_copy_bw=100 * gbps(counted, ms) / copy_bw,
                        pct_copy_bw_clean_l2=100 * gbps(counted, clean) / copy_bw,
                        chunk_len=plan.chunk_len, kernel_stages=plan.stages, kernel_rel_err=err,
@@ -135,7 +143,8 @@ def main() -> None:
     copy_bw = copy_bandwidth_gbps()
     rows = []
     for name in NAMES:
-        rows += probe_case(name, copy_bw)
+        for fmt in FORMATS:
+            rows += probe_case(name, copy_bw, fmt)
         torch.cuda.empty_cache()
         write_result(dict(environment(), copy_bw_gbps=copy_bw, rows=rows),
                      Path(os.environ.get("OUT", "."), "int4_read_probe.json"))
