@@ -219,6 +219,23 @@ def family(row: dict) -> str:
     return "ours-CUDA" if row["backend"].startswith("cuda_") else "ours"
 
 
+def read_ceiling(result: dict, case: str, kv_format: str = "int4") -> dict:
+    """From a ``tools/gpu/int4_read_probe.py`` result, for one case and cache format, the
+    fastest row (by ``ms``, over the turns) of the ``kernel``, of the best bare paged
+    ``reader`` (the rings that read every byte the kernel does: not the codes-only one) and of
+    the ``flat`` read; and ``bar_us``, the time that is 85 % of copy bandwidth for the kernel's
+    bytes."""
+    fastest = {}
+    for r in result["rows"]:
+        if r["case"] == case and r.get("kv_format", "int4") == kv_format:
+            if r["probe"] not in fastest or r["ms"] < fastest[r["probe"]]["ms"]:
+                fastest[r["probe"]] = r
+    readers = [r for p, r in fastest.items() if p.startswith("bulk") and not p.endswith("_codes")]
+    kernel = fastest["kernel"]
+    return dict(kernel=kernel, reader=min(readers, key=lambda r: r["ms"]), flat=fastest["flat"],
+                bar_us=kernel["bytes"] / (0.85 * result["copy_bw_gbps"] * 1e3))
+
+
 def mark_best(rows: list[dict]) -> list[dict]:
     """``best``: the fastest label of each (case, format, family)."""
     best: dict[tuple, dict] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from paged_ref.course import bench_quant
@@ -98,3 +100,31 @@ def test_clean_l2_timer_flushes_by_reading_and_times_as_many_calls_as_do_bench(m
         asked.append((before, reps, warmup)) or 50.0))  # a slow call: the floors hold
     timing.clean_l2_ms(lambda: None)
     assert asked[-1][1:] == (100, 10)
+
+
+def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
+    """Lesson 10's ceiling table: per probe the fastest turn; the reader is the fastest ring that
+    reads what the kernel reads (a codes-only ring reads fewer bytes and must not count); the
+    85 % line is in microseconds for the kernel's bytes."""
+    from paged_ref.course.bench_quant import read_ceiling
+
+    def row(probe, ms, case="B64_L4096", **extra):
+        return dict(case=case, probe=probe, ms=ms, bytes=300_000_000, **extra)
+
+    result = {"copy_bw_gbps": 4000.0, "rows": [
+        row("kernel", 0.090), row("kernel", 0.089), row("bulk_s4", 0.086),
+        row("bulk_s3", 0.085), row("bulk_s3", 0.084), row("bulk_s4_codes", 0.077),
+        row("flat", 0.081), row("kernel", 0.010, case="B1_L131072"),
+        row("bulk_s3", 0.001, kv_format="fp8")]}
+    got = read_ceiling(result, "B64_L4096")
+    assert got["kernel"]["ms"] == 0.089
+    assert (got["reader"]["probe"], got["reader"]["ms"]) == ("bulk_s3", 0.084)
+    assert got["flat"]["ms"] == 0.081
+    assert abs(got["bar_us"] - 300e6 / (0.85 * 4000e9) * 1e6) < 1e-9
+    # the committed run: INT4 B64_L4096's best bare reader, and FP8's B1_L131072
+    from paged_ref.course import ROOT
+
+    with open(ROOT / "benchmarks/h200/int4_read_probe_2026-12-01.json") as f:
+        committed = read_ceiling(json.load(f), "B64_L4096")
+    assert committed["reader"]["probe"] == "bulk_s3" and committed["reader"]["ms"] < 0.0850
+    assert committed["kernel"]["ms"] > committed["reader"]["ms"] > committed["bar_us"] / 1000
