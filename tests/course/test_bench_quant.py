@@ -128,3 +128,7 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
         committed = read_ceiling(json.load(f), "B64_L4096")
     assert committed["reader"]["probe"] == "bulk_s3" and committed["reader"]["ms"] < 0.0850
     assert committed["kernel"]["ms"] > committed["reader"]["ms"] > committed["bar_us"] / 1000
+    with open(ROOT / "benchmarks/h200/int4_read_probe_2026-12-01_fp8_b1_b8.json") as f:
+        fp8 = read_ceiling(json.load(f), "B1_L131072", "fp8")
+    assert fp8["kernel"]["kv_format"] == fp8["reader"]["kv_format"] == "fp8"
+    assert fp8["kernel"]["ms"] > fp8["reader"]["ms"] > fp8["bar_us"] / 1000
