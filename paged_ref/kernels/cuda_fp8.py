@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from paged_ref import _device
 from paged_ref.quant import KVFormat, QuantizedKV
 
 SOURCE = Path(__file__).with_name("cuda_fp8_decode.cu")
@@ -242,15 +243,6 @@ def _function(device_index: int, name: str, stages: int, defines: tuple,
 def _shared_limit(device_index: int) -> int:
     """Bytes of shared memory one CTA may ask for on this GPU (227 KiB on an H100 / H200)."""
     return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
-
-
-def _raw_stream(device_index: int) -> int:
-    """The handle of ``device_index``'s current CUDA stream (as Triton's launcher takes it:
-    ~0.3 us, where ``torch.cuda.current_stream(...).cuda_stream`` builds a Stream, ~20 us)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None:
-        return torch.cuda.current_stream(device_index).cuda_stream
-    return raw(device_index)
 
 
 def _launch(fn, grid, threads, smem: int, args: _Args, stream: int) -> None:
@@ -577,7 +569,7 @@ class CudaDecodePlan:
             self.qk_scale_log2)
         if maps is not None:  # (6 maps, in Args' order: one copy of 768 bytes)
             ctypes.memmove(ctypes.addressof(args) + _Args.k_map.offset, maps, ctypes.sizeof(maps))
-        stream = _raw_stream(self.device_index)
+        stream = _device.current_stream_handle(self.device_index)
         _launch(self.decode, self.grid, self.threads, self.smem, args, stream)
         if self.merge is not None:
             launch = _launch_dependent if self.dependent_merge else _launch

@@ -46,7 +46,7 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
         _COMPILED[key] = kernel[grid](*args, **kwargs)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _device.current_stream_handle(device)
     compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                  *bound.values())
 
