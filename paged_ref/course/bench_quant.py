@@ -84,6 +84,14 @@ def measured(fn, ref: torch.Tensor, nbytes: int, copy_bw: float) -> dict:
     return dict(ms=ms, rel_err=err, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
 
 
+def timed_both_ways(fn, nbytes: int, copy_bw: float) -> dict:
+    """A probe row's timings of ``fn``: ``ms`` (``time_ms``, the bench's timer) and
+    ``ms_clean_l2`` (``clean_l2_ms``), each with its share of copy bandwidth for ``nbytes``."""
+    ms, clean = time_ms(fn), clean_l2_ms(fn)
+    return dict(ms=ms, ms_clean_l2=clean, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw,
+                pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw)
+
+
 def same_bytes_copy(nbytes: int) -> dict:
     """A plain device-to-device copy that moves ``nbytes`` (half read, half written), timed as
     the rows are: ``copy_ms`` (do_bench) and ``copy_ms_clean_l2``."""

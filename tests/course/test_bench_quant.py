@@ -132,3 +132,14 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
         fp8 = read_ceiling(json.load(f), "B1_L131072", "fp8")
     assert fp8["kernel"]["kv_format"] == fp8["reader"]["kv_format"] == "fp8"
     assert fp8["kernel"]["ms"] > fp8["reader"]["ms"] > fp8["bar_us"] / 1000
+
+
+def test_timed_both_ways_times_each_way_and_shares_them(monkeypatch):
+    """The probes' timings: the bench's timer and the clean-L2 one, each as a share of copy
+    bandwidth for the row's bytes (not swapped, not of the other's time)."""
+    monkeypatch.setattr(bench_quant, "time_ms", lambda fn: 0.2)
+    monkeypatch.setattr(bench_quant, "clean_l2_ms", lambda fn: 0.1)
+    got = bench_quant.timed_both_ways(lambda: None, nbytes=400_000_000, copy_bw=4000.0)
+    assert (got["ms"], got["ms_clean_l2"]) == (0.2, 0.1)
+    assert abs(got["pct_copy_bw"] - 50.0) < 1e-9  # 400 MB in 0.2 ms = 2000 GB/s
+    assert abs(got["pct_copy_bw_clean_l2"] - 100.0) < 1e-9

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference
+from paged_ref.course.bench_quant import float64_reference, timed_both_ways
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 NAMES = os.environ.get("CASES", "B64_L4096,B1_L131072,B32_ragged").split(",")
@@ -46,11 +46,9 @@ def main() -> None:
                                 bytes_moved(inp))
             for rep in range(2):
                 for block, (call, err, nbytes) in calls.items():
-                    ms, clean = time_ms(call), clean_l2_ms(call)
                     row = dict(case=name, kv_format=fmt, block_size=block, repeat=rep,
-                               rel_err=err, bytes=nbytes, ms=ms, ms_clean_l2=clean,
-                               pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw,
-                               pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw)
+                               rel_err=err, bytes=nbytes,
+                               **timed_both_ways(call, nbytes, copy_bw))
                     print(row, flush=True)
                     rows.append(row)
             del calls

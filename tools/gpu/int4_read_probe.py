@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 
+from paged_ref._device import current_stream_handle
 from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference, same_bytes_copy
+from paged_ref.course.bench_quant import float64_reference, same_bytes_copy, timed_both_ways
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps, time_ms
+from paged_ref.course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, _function, _launch, plan_cuda
 
 SOURCE = Path(__file__).resolve().with_name("int4_read_probe.cu")
@@ -62,8 +63,7 @@ class BulkCall:
         self.fn, self.grid, self.smem, self.args = fn, grid, smem, args
 
     def __call__(self) -> None:
-        _launch(self.fn, self.grid, 288, self.smem, self.args,
-                torch.cuda.current_stream().cuda_stream)
+        _launch(self.fn, self.grid, 288, self.smem, self.args, current_stream_handle(0))
 
 
 def bulk_runner(kernel: str, per_stage: int, pairs: bool, inp, chunk_len: int, out):
@@ -91,10 +91,10 @@ def flat_runner(nbytes: int, out):
     p = P(buf.data_ptr(), buf.data_ptr(), 0, 0, 0, 0, 0, 0, out.data_ptr(), None, nbytes, 0, 0, 0,
           0, 0)
     fn = _function(0, "probe_flat", DEFAULT_STAGES, (), SOURCE)
-    stream = torch.cuda.current_stream().cuda_stream
+    ctas = 8 * torch.cuda.get_device_properties(0).multi_processor_count
 
     def run():
-        _launch(fn, (132 * 8, 1, 1), 256, 0, p, stream)
+        _launch(fn, (ctas, 1, 1), 256, 0, p, current_stream_handle(0))
     run.buffer = buf  # (kept alive with the call)
     return run
 
@@ -127,10 +127,8 @@ def probe_case(name: str, copy_bw: float, fmt: str = "int4") -> list[dict]:
     rows = []
     for rep in range(2):
         for label, (call, counted) in calls.items():
-            ms, clean = time_ms(call), clean_l2_ms(call)
-            row = dict(case=name, kv_format=fmt, probe=label, repeat=rep, bytes=counted, ms=ms,
-                       ms_clean_l2=clean, pct_copy_bw=100 * gbps(counted, ms) / copy_bw,
-                       pct_copy_bw_clean_l2=100 * gbps(counted, clean) / copy_bw,
+            row = dict(case=name, kv_format=fmt, probe=label, repeat=rep, bytes=counted,
+                       **timed_both_ways(call, counted, copy_bw),
                        chunk_len=plan.chunk_len, kernel_stages=plan.stages, kernel_rel_err=err,
                        **copy)
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},

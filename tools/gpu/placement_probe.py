@@ -28,16 +28,13 @@ from pathlib import Path
 import torch
 
 from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference
+from paged_ref.course.bench_quant import float64_reference, timed_both_ways
 from paged_ref.course.checks import relative_error
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.course.timing import (
-    clean_l2_ms,
     copy_bandwidth_gbps,
-    gbps,
     read_flush,
-    time_ms,
     zero_flush,
 )
 from paged_ref.kernels.cuda_fp8 import _shared_limit, plan_cuda
@@ -109,12 +106,10 @@ def timing_rows(name: str, fmt: str, copy_bw: float) -> list[dict]:
     rows = []
     for rep in range(3):
         for label, (call, err, smem) in calls.items():
-            ms, clean = time_ms(call), clean_l2_ms(call)
             row = dict(case=name, kv_format=fmt, launch=label, repeat=rep, smem=smem,
                        ctas=plan.grid[0] * plan.grid[1] * plan.grid[2], stages=plan.stages,
-                       chunk_len=plan.chunk_len, rel_err=err, bytes=nbytes, ms=ms,
-                       ms_clean_l2=clean, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw,
-                       pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw)
+                       chunk_len=plan.chunk_len, rel_err=err, bytes=nbytes,
+                       **timed_both_ways(call, nbytes, copy_bw))
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
                   flush=True)
             rows.append(row)
