@@ -32,6 +32,7 @@ import torch
 
 from paged_ref import _device
 from paged_ref.cache_math import default_scale, token_slots
+from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import float64_slots, gather_kv
 from paged_ref.validation import HOST_CHECK_MAX_ENTRIES, _tensor, check_shapes, check_values
 
@@ -194,7 +195,13 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths: Prefill
     from paged_ref.validation import Lengths
 
     info = Lengths(lengths.max_seq_len, sum(lengths.seq_lens))
-    if choose_backend(q, k_cache, info) == "triton":
+    backend = choose_backend(q, k_cache, info)
+    if backend == "cuda":  # an FP8 / INT4 cache the hand-written CUDA kernels read
+        from paged_ref.kernels.cuda_fp8 import paged_attention_cuda
+
+        return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                    max_len=info.max_len, total_tokens=info.total_tokens)
+    if backend == "triton":
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
     return paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                  plan=plan_for_inputs(q, k_cache, info))
@@ -224,7 +231,9 @@ def paged_prefill(
     """Prefill / chunked-prefill attention over a paged KV cache.
 
     q               [total_query_tokens, num_q_heads, head_dim], the cache's dtype
-    k_cache,v_cache [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+    k_cache,v_cache [num_blocks, block_size, num_kv_heads, head_dim], contiguous; or a
+                    quantised cache (:class:`paged_ref.QuantizedKV`, FP8 / INT4 codes and their
+                    scales), de-quantised by both backends (the Triton kernel in registers)
     block_tables    int32 [batch, max_blocks_per_seq]; entries past a sequence's blocks ignored
     seq_lens        int32 [batch]: cached tokens per sequence, the queries' own included
     query_start_loc int32 [batch + 1]: 0, then cumulative query rows; sequence b owns rows
@@ -243,7 +252,7 @@ def paged_prefill(
     lengths = check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens,
                                    query_start_loc, scale)
     if backend == "auto":
-        backend = choose_prefill_backend(q)
+        backend = choose_prefill_backend(q) if kernels_read(k_cache) else "torch"
         if backend == "triton" and lengths.query_lens and max(lengths.query_lens) == 1 and (
                 min(lengths.query_lens) == 1):
             return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths)
@@ -255,6 +264,7 @@ def paged_prefill(
     from paged_ref.plan import check_backend_usable
 
     check_backend_usable(backend, q.device)
+    check_kernel_format(k_cache)
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                 scale=scale, causal=causal, query_lens=lengths.query_lens)
 

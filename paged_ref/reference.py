@@ -24,10 +24,13 @@ from paged_ref.quant import QuantizedKV
 def float64_slots(q, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the float64 references compute with: ``q`` and the caches, in float64 on the CPU,
     the caches flattened to one row per slot (``[num_blocks * block_size, Hkv, D]``, so that
-    ``k[slot]`` is a token's K)."""
+    ``k[slot]`` is a token's K). A :class:`~paged_ref.QuantizedKV` cache is de-quantised
+    first."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
 
     def slots(cache):
+        if isinstance(cache, QuantizedKV):  # the answer for the values the codes stand for
+            cache = cache.dequantize()
         return cache.detach().to("cpu", torch.float64).reshape(-1, num_kv_heads, head_dim)
 
     return q.detach().to("cpu", torch.float64), slots(k_cache), slots(v_cache)
@@ -50,8 +53,6 @@ def paged_attention_reference(
     scores ``-inf``, are zeros. A :class:`~paged_ref.QuantizedKV` cache is de-quantised first
     (the answer for the values it stands for).
     """
-    if isinstance(k_cache, QuantizedKV):
-        k_cache, v_cache = k_cache.dequantize(), v_cache.dequantize()
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     batch, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads

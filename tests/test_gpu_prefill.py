@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_ref import paged_prefill, write_kv
+from paged_ref import KVFormat, QuantizedKV, paged_prefill, write_kv
 from paged_ref.course.bench_prefill import SWEEP
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.testing import make_prefill_inputs
@@ -31,10 +31,12 @@ CASES = [
 
 def float64_answer(inp, causal=True):
     """The torch backend in float64 on the GPU (checked against the CPU float64 loop by the
-    interpreter tests): fast enough for thousands of rows."""
-    return prefill_attention_torch(inp.q.double(), inp.k_cache.double(), inp.v_cache.double(),
-                                   inp.block_tables, inp.seq_lens, inp.query_start_loc,
-                                   causal=causal)
+    interpreter tests): fast enough for thousands of rows. A quantised cache: the answer for
+    the values it stands for."""
+    k, v = (c.dequantize(torch.float64) if isinstance(c, QuantizedKV) else c.double()
+            for c in (inp.k_cache, inp.v_cache))
+    return prefill_attention_torch(inp.q.double(), k, v, inp.block_tables, inp.seq_lens,
+                                   inp.query_start_loc, causal=causal)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -104,3 +106,58 @@ def test_gpu_negative_scale():
                                   inp.block_tables, inp.seq_lens, inp.query_start_loc,
                                   scale=-0.05)
     assert_close(out, ref)
+
+
+QUANT_FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g64"]
+
+
+def _storable(fmt: str, head_dim: int) -> bool:
+    try:
+        KVFormat.parse(fmt).check_head_dim(head_dim)  # int4_g64 cannot hold head_dim 96
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("fmt, case", [(f, c) for f in QUANT_FORMATS for c in (0, 1, 3, 5, 6)
+                                       if _storable(f, CASES[c][4])])
+def test_gpu_prefill_over_quantised_cache(case, fmt):
+    """The kernel compiled, de-quantising FP8 / INT4 tiles in registers (case 3's head_dim 96
+    is not an INT4 one the kernels read: ``auto`` takes the torch backend there)."""
+    lens, qlens, hq, hkv, d, bs, dtype, causal = CASES[case]
+    inp = make_prefill_inputs(lens, qlens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                              block_size=bs, dtype=dtype, device="cuda", seed=case,
+                              poison="nan").quantized(fmt)
+    out = paged_prefill(*inp.args(), causal=causal, backend="auto")
+    assert_close(out, float64_answer(inp, causal), name=f"{fmt} case {case}")
+
+
+@pytest.mark.parametrize("config", [*SWEEP, (16, 64, 4, 3)], ids=str)
+@pytest.mark.parametrize("fmt", ["fp8_token_head", "int4"])
+def test_gpu_quantised_every_tile_shape(config, fmt):
+    inp = make_prefill_inputs([2100, 700, 130], [1100, 700, 3], num_q_heads=32, num_kv_heads=8,
+                              head_dim=128, dtype=BF16, device="cuda", seed=2,
+                              poison="nan").quantized(fmt)
+    out = paged_prefill_triton(*inp.args(), config=PrefillConfig(*config))
+    assert_close(out, float64_answer(inp), name=f"{fmt} {config}")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_gpu_one_row_per_sequence_over_quantised_cache_runs_cuda_decode(fmt, monkeypatch):
+    """backend="auto" hands single query rows over an FP8 / INT4 cache to the decode kernels
+    that read it fastest (the CUDA ones); "triton" keeps them in the prefill kernel."""
+    from paged_ref.kernels import cuda_fp8
+
+    if not cuda_fp8.cuda_fp8_available():
+        pytest.skip("no nvcc for the CUDA FP8 / INT4 kernels")
+    inp = make_prefill_inputs([1, 300, 4097, 17], [1] * 4, num_q_heads=32, num_kv_heads=8,
+                              head_dim=128, dtype=BF16, device="cuda", seed=4,
+                              poison="nan").quantized(fmt)
+    calls = []
+    run = cuda_fp8.CudaDecodePlan.run
+    monkeypatch.setattr(cuda_fp8.CudaDecodePlan, "run",
+                        lambda self, *a, **k: calls.append(1) or run(self, *a, **k))
+    for backend in ("auto", "triton"):
+        out = paged_prefill(*inp.args(), backend=backend)
+        assert_close(out, float64_answer(inp), name=f"{fmt} {backend}")
+    assert len(calls) == 1, "auto should run the CUDA decode kernel once, triton never"

@@ -8,7 +8,7 @@ and in the unused slots of the cache (random large values, or NaN), never ``aran
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -215,6 +215,13 @@ class PrefillInputs:
         from paged_ref.prefill import paged_prefill_reference
 
         return paged_prefill_reference(*self.args(), scale=scale, causal=causal)
+
+    def quantized(self, kv_format: str | KVFormat) -> PrefillInputs:
+        """The same inputs with K and V stored in ``kv_format`` (as
+        :meth:`PagedInputs.quantized`; q unchanged)."""
+        cache = PagedInputs(self.q, self.k_cache, self.v_cache, self.block_tables,
+                            self.seq_lens).quantized(kv_format)
+        return replace(self, k_cache=cache.k_cache, v_cache=cache.v_cache)
 
 
 def make_prefill_inputs(

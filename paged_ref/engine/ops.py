@@ -82,9 +82,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_l
 
     ``q`` is ``[total_query_tokens, Hq, D]``; sequence ``b`` owns rows
     ``query_start_loc[b]:query_start_loc[b+1]``, the last tokens of its ``seq_lens[b]``.
+    A quantised cache is read by the same kernels (de-quantised in registers).
     """
-    if isinstance(k_cache, QuantizedKV):
-        backend = "torch"  # the Triton prefill kernel reads plain caches only
     return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                          scale=scale, backend=backend)
 

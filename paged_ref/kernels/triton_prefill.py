@@ -41,6 +41,15 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
+from paged_ref.kernels.kv_formats import (
+    KV_FP8_TENSOR,
+    KV_PLAIN,
+    KV_FP8_TOKEN_HEAD,
+    KV_INT4,
+    int4_halves,
+    kv_kernel_args,
+    load_scale_zero,
+)
 from paged_ref.kernels.triton_decode import launch_constants
 
 
@@ -89,6 +98,45 @@ def _load_kv(ptr, row, offs_d, key_ok, MASK_KEYS: tl.constexpr, HEAD_DIM: tl.con
 
 
 @triton.jit
+def _load_kv_values(ptr, scale_ptr, zero_ptr, row, srow, key_ok, MASK_KEYS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                    KV_FORMAT: tl.constexpr, INT4_GROUPS: tl.constexpr,
+                    DOT_UPCAST: tl.constexpr):
+    """Rows ``row`` of one cache as numbers, [BLOCK_N, HEAD_DIM_PAD], for the same dots as a
+    plain cache. Plain values and per-tensor e4m3 codes come as loaded (that scale is applied
+    once, outside the loop); a per-token-head e4m3 scale, or INT4's (scale, zero) per half head,
+    is applied to the tile here, in registers, in float16 (float32 when ``DOT_UPCAST``): the
+    dots over a quantised cache are float16 ones, as in decode. ``srow``: the scales' offsets.
+
+    Decode puts those scales on the ``[heads, keys]`` scores instead (kv_formats.py): there a
+    tile has 16 query rows against 128 channels. Here it has up to 256 rows, so the
+    ``[keys, channels]`` tile is the smaller side to scale."""
+    # (One return: the compiler checks every return's type, even in a branch it drops.)
+    if KV_FORMAT == KV_INT4:  # a byte holds channel i (low nibble) and i + HEAD_DIM / 2 (high)
+        offs_h = tl.arange(0, HEAD_DIM // 2)
+        ptrs = ptr + row[:, None] + offs_h[None, :]
+        if MASK_KEYS:
+            packed = tl.load(ptrs, mask=key_ok[:, None], other=0)
+        else:
+            packed = tl.load(ptrs)
+        low, high = int4_halves(packed, DOT_UPCAST)  # codes 0..15 as float16 (or float32)
+        s_lo, z_lo = load_scale_zero(scale_ptr, zero_ptr, srow, 0, key_ok)
+        s_hi, z_hi = load_scale_zero(scale_ptr, zero_ptr, srow, INT4_GROUPS - 1, key_ok)
+        # x = z + s c, one fused multiply-add an element (0 for masked keys)
+        low = z_lo.to(low.dtype)[:, None] + s_lo.to(low.dtype)[:, None] * low
+        high = z_hi.to(low.dtype)[:, None] + s_hi.to(low.dtype)[:, None] * high
+        x = tl.reshape(tl.permute(tl.join(low, high), (0, 2, 1)), (BLOCK_N, HEAD_DIM))
+    else:
+        x = _load_kv(ptr, row, tl.arange(0, HEAD_DIM_PAD), key_ok, MASK_KEYS, HEAD_DIM,
+                     HEAD_DIM_PAD)
+        if KV_FORMAT == KV_FP8_TOKEN_HEAD:
+            dot_type = tl.float32 if DOT_UPCAST else tl.float16
+            s = tl.load(scale_ptr + srow, mask=key_ok, other=0.0).to(dot_type)
+            x = x.to(dot_type) * s[:, None]
+    return x
+
+
+@triton.jit
 def attend_key_span(
     acc, m, l,  # running state: [BLOCK_M, HEAD_DIM_PAD] fp32, [BLOCK_M] max (log2), [BLOCK_M] sum
     q,  # [BLOCK_M, HEAD_DIM_PAD] this tile's queries
@@ -96,15 +144,18 @@ def attend_key_span(
     k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head,
     start, end, seq_len,  # keys [start, end) of a sequence of seq_len tokens
     qk_scale, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr,  # quantised caches (kv_formats.py)
+    stride_sb, stride_st, stride_sh,  # the scales' strides: block, token-in-block, head
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, KV_FORMAT: tl.constexpr,
+    INT4_GROUPS: tl.constexpr,
 ):
     """Fold keys [start, end) into the online softmax. ``MASKED=False`` only for ranges that
     every row sees in full (no mask is built); ``MASKED=True`` applies ``key < seq_len`` and,
-    when ``CAUSAL``, ``key <= pos``."""
+    when ``CAUSAL``, ``key <= pos``. A quantised cache is de-quantised as it is loaded
+    (:func:`_load_kv_values`) into q's dtype, and the dots are those of a plain cache."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
     for k0 in range(start, end, BLOCK_N):
         key = k0 + offs_n
         key_ok = key < seq_len
@@ -113,10 +164,12 @@ def attend_key_span(
             block = tl.load(table_row_ptr + key // BLOCK_SIZE, mask=key_ok, other=0)
         else:
             block = tl.load(table_row_ptr + key // BLOCK_SIZE)
-        row = block.to(tl.int64) * stride_kb + (key % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = _load_kv(k_cache_ptr, row, offs_d, key_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
+        block = block.to(tl.int64)
+        row = block * stride_kb + (key % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+        srow = block * stride_sb + (key % BLOCK_SIZE) * stride_st + kv_head * stride_sh
+        k = _load_kv_values(k_cache_ptr, k_scale_ptr, k_zero_ptr, row, srow, key_ok, MASKED,
+                            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, KV_FORMAT, INT4_GROUPS,
+                            DOT_UPCAST).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N] raw scores
         if MASKED:
             keep = key_ok[None, :]
@@ -130,9 +183,9 @@ def attend_key_span(
             p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        v = _load_kv(v_cache_ptr, row, offs_d, key_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        if DOT_UPCAST:
-            v = v.to(tl.float32)
+        v = _load_kv_values(v_cache_ptr, v_scale_ptr, v_zero_ptr, row, srow, key_ok, MASKED,
+                            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, KV_FORMAT, INT4_GROUPS,
+                            DOT_UPCAST).to(q.dtype)
         # Rescale what we have, then let the tensor cores add p @ v into it (no second
         # [BLOCK_M, HEAD_DIM] temporary).
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -145,14 +198,17 @@ def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     query_start_loc_ptr, seq_ids_ptr, qk_scale, num_tiles,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_kb, stride_kt, stride_kh,
+    k_scale_ptr, v_scale_ptr, k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, USE_SEQ_IDS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, USE_SEQ_IDS: tl.constexpr, KV_FORMAT: tl.constexpr,
+    INT4_GROUPS: tl.constexpr,
 ):
     """Grid (num_tiles, num_kv_heads, sequences): one tile of BLOCK_Q query tokens x GROUP
     heads. Sequence = program_id(2), or ``seq_ids[program_id(2)]`` when USE_SEQ_IDS (a launch
-    for a subset of the batch)."""
+    for a subset of the batch). ``KV_FORMAT`` / ``INT4_GROUPS``: the cache's format
+    (:mod:`paged_ref.kernels.kv_formats`; the scale and zero pointers are unused when plain)."""
     tile = num_tiles - 1 - tl.program_id(0)  # the longest (last) tiles start first
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
@@ -176,6 +232,8 @@ def paged_prefill_kernel(
                 mask=q_mask, other=0.0)
     if DOT_UPCAST:
         q = q.to(tl.float32)
+    elif KV_FORMAT != KV_PLAIN:  # de-quantised K/V meet q in float16 dots (e4m3 -> float16 is
+        q = q.to(tl.float16)  # one instruction for two values; -> bfloat16 is not)
 
     if CAUSAL:
         first_pos = seq_len - q_len + tile * BLOCK_Q
@@ -188,16 +246,22 @@ def paged_prefill_kernel(
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    if KV_FORMAT == KV_FP8_TENSOR:  # q . (s c) = s (q . c): K's one scale joins the score scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr)  # (positive: QuantizedKV checks it)
     acc, m, l = attend_key_span(
         acc, m, l, q, pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, 0, full_end, seq_len,
-        qk_scale, stride_kb, stride_kt, stride_kh, False, CAUSAL, BLOCK_SIZE, BLOCK_N,
-        HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST)
+        qk_scale, stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr, k_zero_ptr,
+        v_zero_ptr, stride_sb, stride_st, stride_sh, False, CAUSAL, BLOCK_SIZE, BLOCK_N,
+        HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST, KV_FORMAT, INT4_GROUPS)
     acc, m, l = attend_key_span(
         acc, m, l, q, pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, full_end, kv_end,
-        seq_len, qk_scale, stride_kb, stride_kt, stride_kh, True, CAUSAL, BLOCK_SIZE, BLOCK_N,
-        HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST)
+        seq_len, qk_scale, stride_kb, stride_kt, stride_kh, k_scale_ptr, v_scale_ptr,
+        k_zero_ptr, v_zero_ptr, stride_sb, stride_st, stride_sh, True, CAUSAL, BLOCK_SIZE,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION, DOT_UPCAST, KV_FORMAT, INT4_GROUPS)
 
     out = acc / l[:, None]  # every real row saw at least its own token: l > 0
+    if KV_FORMAT == KV_FP8_TENSOR:  # sum_t p_t (s c_t) = s sum_t p_t c_t
+        out = out * tl.load(v_scale_ptr)
     o_rows = (q_start + q_idx).to(tl.int64)
     tl.store(out_ptr + o_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -244,9 +308,11 @@ def paged_prefill_triton(
         consts.update(DOT_UPCAST=True, DOT_PRECISION="ieee")
     if consts["qk_scale"] < 0:  # the kernel needs a positive scale: (-q).k * |scale|
         q, consts["qk_scale"] = -q, -consts["qk_scale"]
-    args = (out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    (k_data, v_data, *scales), formats = kv_kernel_args(k_cache, v_cache)
+    consts.update(formats)
+    args = (out, q, k_data, v_data, block_tables, seq_lens, query_start_loc)
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+               k_data.stride(0), k_data.stride(1), k_data.stride(2), *scales)
     short_rows = max(1, SHORT_CONFIG.block_m // consts["GROUP"])
     if config is None and query_lens is not None:
         short = [b for b, n in enumerate(query_lens) if 0 < n <= short_rows]
@@ -269,8 +335,7 @@ def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_s
     block_m = max(config.block_m, triton.next_power_of_2(consts["GROUP"]))
     block_q = block_m // consts["GROUP"]
     num_tiles = triton.cdiv(max_query_len, block_q)
-    k_cache = args[2]
-    grid = (num_tiles, k_cache.shape[2], num_seqs)
+    grid = (num_tiles, args[2].shape[2], num_seqs)  # args[2]: K's data, [.., Hkv, ..]
     paged_prefill_kernel[grid](
         *args, seq_ids, consts["qk_scale"], num_tiles, *strides,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=config.block_n, CAUSAL=causal,

@@ -39,3 +39,21 @@ def test_quantised_cache_changes_little(tiny):
                                                                 ignore_eos=True)
     same = sum(a == b for p, q in zip(plain, fp8, strict=True) for a, b in zip(p, q, strict=True))
     assert same >= 0.5 * sum(outputs), f"fp8 cache: only {same} of {sum(outputs)} tokens agree"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head"])
+def test_triton_kernels_on_a_quantised_cache_match_torch(tiny, fmt, monkeypatch):
+    """Prefill and decode through the Triton kernels (the interpreter here), de-quantising in
+    registers, give the tokens of the torch backend (which de-quantises the gathered cache)."""
+    from paged_ref.kernels import triton_prefill
+
+    prompts, outputs = workload(3, tiny.config.vocab_size, seed=6, prompt_mean=20,
+                                output_mean=4, max_len=30)
+    calls = []
+    run = triton_prefill.paged_prefill_triton
+    monkeypatch.setattr(triton_prefill, "paged_prefill_triton",
+                        lambda *a, **k: calls.append(1) or run(*a, **k))
+    runs = [Engine(tiny, num_blocks=32, block_size=8, kv_format=fmt, attention_backend=backend)
+            .generate(prompts, outputs, ignore_eos=True) for backend in ("torch", "triton")]
+    assert calls, "the engine's prefill did not run the Triton kernel"
+    assert runs[0] == runs[1]
