@@ -15,6 +15,10 @@ Prefill is compute-bound, so the yardstick is TFLOP/s, not GB/s:
 3. Also: the tile-shape sweep (``--sweep-configs``), the write path (``write_kv`` with torch
    vs the Triton store kernel, GB/s) and decode run as a case of the prefill kernel vs the
    decode kernels (GB/s), and writes JSON stamped with GPU, versions and date + a plot.
+4. ``--kv-formats fp8,int4,...``: each case again over a quantised cache (rows with
+   ``kind: "prefill_quant"`` and ``kv_format``): our kernel de-quantising in registers, the
+   torch backend (gather and de-quantise, then attend) and FlashInfer's prefill over an FP8
+   cache (per-tensor scale), each checked against float64 of the de-quantised cache.
 
 On a machine without a CUDA GPU it refuses and lists the cases with their FLOPs and bytes.
 """
@@ -32,6 +36,7 @@ from paged_ref.course.bench_common import check_then_time, flashinfer_page_table
 from paged_ref.course.results import environment, write_result
 from paged_ref.course.testing import PrefillInputs, make_prefill_inputs
 from paged_ref.course.timing import gbps, matmul_tflops, time_ms
+from paged_ref.quant import KVFormat, QuantizedKV
 
 #: name -> [(seq_len, q_len), ...]: q_len new tokens at the end of a sequence of seq_len.
 CASES: dict[str, list[tuple[int, int]]] = {
@@ -53,17 +58,20 @@ def case_flops(pairs: list[tuple[int, int]]) -> int:
     return sum(attention_flops(s, q, SHAPE["num_q_heads"], SHAPE["head_dim"]) for s, q in pairs)
 
 
-def case_bytes(pairs: list[tuple[int, int]]) -> int:
-    """K and V of every cached token read once, plus q and the output (bf16)."""
+def case_bytes(pairs: list[tuple[int, int]], kv_format=None) -> int:
+    """K and V of every cached token read once (in ``kv_format``, scales included; default
+    the bf16 values), plus q and the output (bf16)."""
+    stored = SHAPE["dtype"] if kv_format is None else KVFormat.parse(kv_format)
     per_token_kv = kv_bytes_per_token(num_layers=1, num_kv_heads=SHAPE["num_kv_heads"],
-                                      head_dim=SHAPE["head_dim"], dtype=SHAPE["dtype"])
+                                      head_dim=SHAPE["head_dim"], dtype=stored)
     per_row_q = 2 * SHAPE["num_q_heads"] * SHAPE["head_dim"] * dtype_bytes(SHAPE["dtype"])
     return sum(s * per_token_kv + q * per_row_q for s, q in pairs)
 
 
-def build(pairs, seed=0) -> PrefillInputs:
+def build(pairs, seed=0, kv_format=None) -> PrefillInputs:
     seq_lens, q_lens = zip(*pairs, strict=True)
-    return make_prefill_inputs(list(seq_lens), list(q_lens), device=DEVICE, seed=seed, **SHAPE)
+    inp = make_prefill_inputs(list(seq_lens), list(q_lens), device=DEVICE, seed=seed, **SHAPE)
+    return inp if kv_format is None else inp.quantized(kv_format)
 
 
 def last_rows(inp: PrefillInputs, rows: int):
@@ -86,8 +94,10 @@ def reference_rows(inp: PrefillInputs):
     from paged_ref.prefill import prefill_attention_torch
 
     idx, sub = last_rows(inp, CHECK_ROWS)
-    ref = prefill_attention_torch(sub.q.double(), sub.k_cache.double(), sub.v_cache.double(),
-                                  sub.block_tables, sub.seq_lens, sub.query_start_loc)
+    k, v = (c.dequantize(torch.float64) if isinstance(c, QuantizedKV) else c.double()
+            for c in (sub.k_cache, sub.v_cache))  # (a quantised cache: the values it stands for)
+    ref = prefill_attention_torch(sub.q.double(), k, v, sub.block_tables, sub.seq_lens,
+                                  sub.query_start_loc)
     return idx, ref
 
 
@@ -190,6 +200,66 @@ def run_case(name, pairs, backends, configs, peak):
     for row in rows:  # the fastest label of each backend (e.g. SDPA with GQA or repeated K/V)
         row["best"] = row is max((r for r in rows if r["backend"] == row["backend"]
                                   and not r.get("sweep")), key=lambda r: r["tflops"])
+    del inp, runners
+    torch.cuda.empty_cache()
+    return rows
+
+
+def flashinfer_fp8_runner(inp: PrefillInputs) -> dict:
+    """FlashInfer's paged prefill over the same FP8 codes (e4m3, one scale per tensor, given
+    to ``run`` as ``k_scale`` / ``v_scale``), when installed. Its FA2 kernels: 0.5.3's Hopper
+    (FA3) prefill does not compile for bf16 queries over an e4m3 cache."""
+    try:
+        import flashinfer
+    except ImportError:
+        return {}
+    k, v = inp.k_cache, inp.v_cache
+    _, block_size, num_kv_heads, head_dim = k.shape
+    indptr, indices, last = flashinfer_page_table(inp.block_tables, inp.seq_lens, block_size)
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+    try:
+        wrapper.plan(inp.query_start_loc, indptr, indices, last, inp.q.shape[1], num_kv_heads,
+                     head_dim, block_size, causal=True, q_data_type=inp.q.dtype,
+                     kv_data_type=k.data.dtype)
+    except Exception as exc:  # (its JIT compiles here)
+        print(f"flashinfer fp8 prefill: skipped ({type(exc).__name__}: {str(exc)[:160]})")
+        return {}
+    scales = dict(k_scale=float(k.scale), v_scale=float(v.scale))
+    return {"flashinfer": ("flashinfer", {"version": flashinfer.__version__, "backend": "fa2"},
+                           lambda: wrapper.run(inp.q, (k.data, v.data), **scales))}
+
+
+def quant_rows(name, pairs, kv_format, backends, peak) -> list[dict]:
+    """One case over a ``kv_format`` cache: our kernel (``triton``), the torch backend where its
+    scores fit, FlashInfer for per-tensor FP8; TFLOP/s and GB/s of the quantised bytes."""
+    from paged_ref.course.checks import relative_error
+    from paged_ref.kernels.triton_prefill import paged_prefill_triton
+    from paged_ref.prefill import prefill_attention_torch
+
+    inp = build(pairs, kv_format=kv_format)
+    idx, ref = reference_rows(inp)
+    args, q_lens, out = inp.args(), [q for _, q in pairs], torch.empty_like(inp.q)
+    runners = {}
+    if "triton" in backends:
+        runners["triton"] = ("triton", {}, lambda: paged_prefill_triton(
+            *args, query_lens=q_lens, out=out))
+    if "torch" in backends and max(
+            SHAPE["num_q_heads"] * q * s * 4 for s, q in pairs) <= TORCH_MAX_SCORE_BYTES:
+        runners["torch"] = ("torch", {}, lambda: prefill_attention_torch(*args))
+    if "flashinfer" in backends and KVFormat.parse(kv_format).name == "fp8":
+        runners.update(flashinfer_fp8_runner(inp))
+    flops, nbytes = case_flops(pairs), case_bytes(pairs, kv_format)
+    rows = []
+    for m in check_then_time(f"{name} {kv_format}", runners,
+                             lambda o: relative_error(o[idx], ref), passes=1):
+        tflops = flops / (m.ms * 1e-3) / 1e12
+        row = m.row(name, tflops=tflops, pct_peak_tflops=100 * tflops / peak,
+                    gbps=gbps(nbytes, m.ms), flops=flops, bytes=nbytes)
+        row.update(kind="prefill_quant", kv_format=kv_format, label=f"{m.label} {kv_format}")
+        rows.append(row)
+        print(f"{name:28s} {row['label']:26s} {m.ms:8.3f} ms {tflops:6.1f} TFLOP/s "
+              f"({100 * tflops / peak:4.1f}% of matmul) err {m.error:.1e}", flush=True)
     del inp, runners
     torch.cuda.empty_cache()
     return rows
@@ -323,7 +393,14 @@ def parse_args(argv):
                    help="also time the Triton kernel over a grid of tile shapes")
     p.add_argument("--no-extras", action="store_true",
                    help="skip the write-path and decode comparisons")
-    return p.parse_args(argv)
+    p.add_argument("--kv-formats", default="",
+                   help="also run each case over these quantised caches (comma-separated, e.g. "
+                        "fp8,fp8_token_head,int4)")
+    args = p.parse_args(argv)
+    args.kv_formats = [f for f in args.kv_formats.split(",") if f]
+    for fmt in args.kv_formats:
+        KVFormat.parse(fmt)  # an unknown name is an error before any GPU work
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in cases:
         result["results"] += run_case(name, CASES[name], args.backends, configs, peak)
         write_result(result, args.out)  # partial results survive a time-out
+        for fmt in args.kv_formats:
+            result["results"] += quant_rows(name, CASES[name], fmt, args.backends, peak)
+            write_result(result, args.out)
     if not args.no_extras:
         result["results"] += write_path_rows() + decode_rows()
     out = write_result(result, args.out)
