@@ -3,9 +3,11 @@
 * perplexity of ``data/passage.txt`` (2,926 tokens) computed through the paged cache in each
   format (chunked prefill: every chunk's queries attend to the quantised K/V of the tokens
   before them and of themselves, exactly what decode sees);
-* greedy agreement with the float32 cache: free-running (``Engine.generate`` with the
-  quantised cache, token by token against the float32 cache's output) and teacher-forced (the
-  quantised cache's top-1 prediction at each position of the float32 cache's generations).
+* greedy agreement with the float32 cache, teacher-forced: the quantised cache's top-1 next
+  token at each position of the passage, and at each position of the float32 cache's own
+  greedy generations (``Engine.generate``): the same history, does it pick the same token?
+* free-running: ``Engine.generate`` with the quantised cache, and how many tokens it generates
+  before its first difference from the float32 cache's (after one, the texts part ways).
 
 ``python -m paged_ref.course.quant_lm --out benchmarks/quant_smollm2.json`` (CPU, minutes).
 """
@@ -25,6 +27,14 @@ from paged_ref.cache_math import blocks_needed
 
 PASSAGE = Path(__file__).resolve().parents[2] / "data" / "passage.txt"
 FORMATS = (None, "fp8", "int4", "fp8_token_head", "int4_g64")
+PROMPT_LEN = 64  # tokens of each generation prompt (a slice of the passage)
+FORMAT_NOTES = {  # what each row's cache is (written into the JSON)
+    "float32": "the model's float32 K/V (the baseline)",
+    "fp8": "e4m3, one scale per layer (1.0, as vLLM's default)",
+    "fp8_token_head": "e4m3, a float32 scale per token-head",
+    "int4": "INT4, a float16 (scale, zero) per half head (32 channels)",
+    "int4_g64": "INT4, one (scale, zero) per token-head (64 channels)",
+}
 
 
 @torch.inference_mode()
@@ -78,8 +88,36 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, kv_format=Non
     return engine.generate(prompts, max_new_tokens, ignore_eos=True)
 
 
+def first_difference(ours: list[int], theirs: list[int]) -> int:
+    """Tokens generated before the first that differs (``len`` when none does)."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b),
+                len(theirs))
+
+
+def generation_agreement(model, prompts, baseline, outputs, kv_format=None) -> dict:
+    """How a format's greedy generations compare with the baseline's (``baseline[i]`` and
+    ``outputs[i]`` continue ``prompts[i]``, equal lengths):
+
+    * ``generated_tokens``: tokens the baseline generated (all prompts);
+    * ``step_agreement``: teacher-forced, the share of those tokens that the ``kv_format``
+      cache also picks as top-1, given the baseline's history up to it;
+    * ``mean_tokens_before_first_difference``: free-running, per prompt;
+    * ``same_prefix_share``: the share of generated tokens before each prompt's first
+      difference (1.0: identical generations)."""
+    agree = total = 0
+    for prompt, ref in zip(prompts, baseline, strict=True):
+        _, preds = score_tokens(model, prompt + ref, kv_format=kv_format, chunk=1024)
+        picked = preds[len(prompt) - 1 :]  # the prediction after each token, from the prompt's last
+        agree += int((picked == torch.tensor(ref, device=picked.device)).sum())
+        total += len(ref)
+    firsts = [first_difference(o, r) for o, r in zip(outputs, baseline, strict=True)]
+    return {"generated_tokens": total, "step_agreement": agree / max(total, 1),
+            "mean_tokens_before_first_difference": sum(firsts) / max(len(firsts), 1),
+            "same_prefix_share": sum(firsts) / max(total, 1)}
+
+
 def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_prompts: int = 0,
-            prompt_len: int = 64, new_tokens: int = 0, on_row=None) -> dict:
+            prompt_len: int = PROMPT_LEN, new_tokens: int = 0, on_row=None) -> dict:
     """Per format (None = the model's dtype, the baseline, first): perplexity of the first
     ``max_tokens`` tokens of the passage and the top-1 (greedy) agreement with the baseline at
     each of its positions; with ``num_prompts`` > 0 also free-running greedy generation of
@@ -98,13 +136,7 @@ def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_pr
         if num_prompts:
             outputs = generate(model, prompts, new_tokens, fmt)
             baseline = outputs if baseline is None else baseline
-            pairs = list(zip(outputs, baseline, strict=True))
-            row["generated_tokens"] = num_prompts * new_tokens
-            row["greedy_agreement"] = sum(a == b for o, r in pairs for a, b in zip(
-                o, r, strict=True)) / row["generated_tokens"]
-            row["mean_tokens_before_first_difference"] = sum(next(
-                (i for i, (a, b) in enumerate(zip(o, r, strict=True)) if a != b), len(r))
-                for o, r in pairs) / num_prompts
+            row.update(generation_agreement(model, prompts, baseline, outputs, fmt))
         rows.append(row)
         print(row, flush=True)
         if on_row:
@@ -132,8 +164,15 @@ def main(argv: list[str] | None = None) -> int:
                        "model runner; perplexity of the first tokens of data/passage.txt with "
                        "the KV cache in each format (chunked prefill over the paged cache); "
                        "top-1 agreement: the next-token argmax equal to the float32 cache's, "
-                       "at every position of the passage",
-               "torch": torch.__version__, "date": dt.date.today().isoformat(), "results": rows}
+                       "at every position of the passage; with prompts, greedy generations "
+                       "(Engine.generate) from passage slices: step_agreement, the float32 "
+                       "cache's generated tokens that the format also picks given the same "
+                       "history; tokens generated before the first difference, free-running",
+               "torch": torch.__version__, "date": dt.date.today().isoformat(),
+               "generation": {"prompts": args.prompts, "prompt_tokens": PROMPT_LEN,
+                              "new_tokens_each": args.new_tokens},
+               "formats": {r["kv_format"]: FORMAT_NOTES.get(r["kv_format"], "") for r in rows},
+               "results": rows}
         Path(args.out).write_text(json.dumps(out, indent=1))
 
     measure(model, tokenizer, formats=formats, max_tokens=args.max_tokens,
