@@ -20,6 +20,7 @@ import paged_ref
 from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.course.cost import HostReadError, forbid_host_reads
 from paged_ref.course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton_split import num_multiprocessors
 from tests.conftest import load_exercise
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,8 +48,12 @@ PLAN_CASES = [  # lengths, max_seq_len
 
 @pytest.mark.parametrize("lens, max_seq_len", PLAN_CASES, ids=PLAN_IDS)
 def test_plan_split_matches_plan_decode(ex, lens, max_seq_len):
-    got = ex.plan_split_for_host_lengths(lens, num_kv_heads=8, max_seq_len=max_seq_len)
-    want = paged_ref.plan.dispatch("triton_split", torch.device("cpu"), batch=len(lens),
+    # The plan paged_ref makes on this machine's device (a GPU refuses triton_split for CPU
+    # tensors), for its number of multiprocessors (132 in the interpreter).
+    sms = num_multiprocessors(DEVICE)
+    got = ex.plan_split_for_host_lengths(lens, num_kv_heads=8, max_seq_len=max_seq_len,
+                                         num_sms=sms)
+    want = paged_ref.plan.dispatch("triton_split", torch.device(DEVICE), batch=len(lens),
                                    num_kv_heads=8, max_len=max(lens, default=0),
                                    total_tokens=sum(lens), max_seq_len=max_seq_len)[1]
     if want is None:  # no split: one chunk
