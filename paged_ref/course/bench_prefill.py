@@ -226,7 +226,7 @@ def flashinfer_fp8_runner(inp: PrefillInputs) -> dict:
         print(f"flashinfer fp8 prefill: skipped ({type(exc).__name__}: {str(exc)[:160]})")
         return {}
     scales = dict(k_scale=float(k.scale), v_scale=float(v.scale))
-    return {"flashinfer": ("flashinfer", {"version": flashinfer.__version__, "backend": "fa2"},
+    return {"flashinfer": ("flashinfer", {"version": flashinfer.__version__, "kernels": "fa2"},
                            lambda: wrapper.run(inp.q, (k.data, v.data), **scales))}
 
 
@@ -263,6 +263,26 @@ def quant_rows(name, pairs, kv_format, backends, peak) -> list[dict]:
     del inp, runners
     torch.cuda.empty_cache()
     return rows
+
+
+def quant_table(result: dict) -> list[dict]:
+    """A committed run's prefill over quantised caches, a row per case: our kernel's ms over
+    bf16 and each format (and each format's time / bf16's), the torch backend over FP8 (what
+    the engine ran before the kernel read quantised caches; None where not timed) and
+    FlashInfer's FP8 prefill."""
+    ms = {(r["case"], r["label"]): r["ms"] for r in result["results"] if "tflops" in r}
+    table = []
+    for case in dict.fromkeys(r["case"] for r in result["results"] if r.get("kv_format")):
+        bf16 = ms[(case, "triton")]
+        row = {"case": case, "bf16 ms": bf16}
+        for fmt in dict.fromkeys(r["kv_format"] for r in result["results"]
+                                 if r["case"] == case and r.get("kv_format")):
+            row[f"{fmt} ms"] = ms[(case, f"triton {fmt}")]
+            row[f"{fmt} / bf16"] = ms[(case, f"triton {fmt}")] / bf16
+        row["torch fp8 ms"] = ms.get((case, "torch fp8"))
+        row["FlashInfer fp8 ms"] = ms.get((case, "flashinfer fp8"))
+        table.append(row)
+    return table
 
 
 def write_path_rows(num_tokens: int = 16384) -> list[dict]:

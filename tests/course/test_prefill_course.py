@@ -37,3 +37,44 @@ def test_pictures_draw():
     assert draw_causal_offset(20, 12, block_q=4, block_n=8).axes
     assert draw_roofline({"a": 1.0, "b": 800.0}, peak_tflops=700, bw_gbps=4000,
                          measured={"b": 300.0}).axes
+
+
+def test_quant_table_of_the_committed_run():
+    """Lesson 10's prefill table, from the committed H200 run, and what its text says of it:
+    over a quantised cache our kernel takes 1.2-1.5x bf16's time, is faster than FlashInfer's
+    FP8 prefill, and many times faster than the torch backend the engine used before."""
+    import json
+
+    from paged_ref.course import ROOT
+    from paged_ref.course.bench_prefill import quant_table
+
+    result = json.loads((ROOT / "benchmarks" / "h200" / "prefill_quant.json").read_text())
+    table = quant_table(result)
+    assert [r["case"] for r in table] == ["P8_L2048", "P1_L16384", "P32_chunk512_ctx8192"]
+    for row in table:
+        for fmt in ("fp8", "fp8_token_head", "int4"):
+            assert 1.2 < row[f"{fmt} / bf16"] < 1.5, (row["case"], fmt)
+        assert row["fp8 ms"] < row["fp8_token_head ms"] < row["int4 ms"]
+        assert row["FlashInfer fp8 ms"] > 1.7 * row["fp8 ms"]
+        assert row["torch fp8 ms"] is None or row["torch fp8 ms"] > 15 * row["fp8 ms"]
+    # a planted swap of two formats' labels must show
+    swapped = json.loads(json.dumps(result))
+    for r in swapped["results"]:
+        r["label"] = {"triton fp8": "triton int4", "triton int4": "triton fp8"}.get(r["label"],
+                                                                                  r["label"])
+    assert quant_table(swapped)[0]["fp8 ms"] == table[0]["int4 ms"]
+
+
+def test_float16_dots_beat_the_first_bfloat16_build():
+    """Lesson 10: the first build (bfloat16 dots) was 5-11 % slower on every case and format."""
+    import json
+
+    from paged_ref.course import ROOT
+    from paged_ref.course.bench_prefill import quant_table
+
+    h200 = ROOT / "benchmarks" / "h200"
+    now, first = (quant_table(json.loads((h200 / name).read_text())) for name in (
+        "prefill_quant.json", "prefill_quant_2026-12-01_bf16_dots.json"))
+    for a, b in zip(now, first, strict=True):
+        for fmt in ("fp8", "fp8_token_head", "int4"):
+            assert 1.04 < b[f"{fmt} ms"] / a[f"{fmt} ms"] < 1.12, (a["case"], fmt)
