@@ -176,9 +176,29 @@ def sdpa_runner(inp: PrefillInputs, pairs) -> dict:
                                      lambda: run(k_mha, v_mha, False))}
 
 
-def run_case(name, pairs, backends, configs, peak):
+def timed_rows(name, runners, idx, ref, pairs, peak, kv_format=None) -> list[dict]:
+    """Check every runner's output rows ``idx`` against ``ref``, time the runners, and make
+    their rows: TFLOP/s and its share of the matmul rate ``peak``, GB/s of the bytes read (in
+    ``kv_format``). Over a quantised cache a row also gets ``kind``, ``kv_format`` and the
+    format in its label."""
     from paged_ref.course.checks import relative_error
 
+    flops, nbytes = case_flops(pairs), case_bytes(pairs, kv_format)
+    rows = []
+    for m in check_then_time(name if kv_format is None else f"{name} {kv_format}", runners,
+                             lambda out: relative_error(out[idx], ref), passes=1):
+        tflops = flops / (m.ms * 1e-3) / 1e12
+        row = m.row(name, tflops=tflops, pct_peak_tflops=100 * tflops / peak,
+                    gbps=gbps(nbytes, m.ms), flops=flops, bytes=nbytes)
+        if kv_format is not None:
+            row.update(kind="prefill_quant", kv_format=kv_format, label=f"{m.label} {kv_format}")
+        rows.append(row)
+        print(f"{name:28s} {row['label']:26s} {m.ms:8.3f} ms {tflops:6.1f} TFLOP/s "
+              f"({100 * tflops / peak:4.1f}% of matmul) err {m.error:.1e}", flush=True)
+    return rows
+
+
+def run_case(name, pairs, backends, configs, peak):
     inp = build(pairs)
     idx, ref = reference_rows(inp)
     runners = our_runners(inp, pairs, backends, configs)
@@ -189,14 +209,7 @@ def run_case(name, pairs, backends, configs, peak):
             runners.update(sdpa_runner(inp, pairs))
         except Exception as exc:
             print(f"{name} sdpa: skipped ({type(exc).__name__}: {str(exc)[:100]})")
-    flops, nbytes = case_flops(pairs), case_bytes(pairs)
-    rows = []
-    for m in check_then_time(name, runners, lambda out: relative_error(out[idx], ref), passes=1):
-        tflops = flops / (m.ms * 1e-3) / 1e12
-        rows.append(m.row(name, tflops=tflops, pct_peak_tflops=100 * tflops / peak,
-                          gbps=gbps(nbytes, m.ms), flops=flops, bytes=nbytes))
-        print(f"{name:28s} {m.label:26s} {m.ms:8.3f} ms {tflops:6.1f} TFLOP/s "
-              f"({100 * tflops / peak:4.1f}% of matmul) err {m.error:.1e}", flush=True)
+    rows = timed_rows(name, runners, idx, ref, pairs, peak)
     for row in rows:  # the fastest label of each backend (e.g. SDPA with GQA or repeated K/V)
         row["best"] = row is max((r for r in rows if r["backend"] == row["backend"]
                                   and not r.get("sweep")), key=lambda r: r["tflops"])
@@ -233,7 +246,6 @@ def flashinfer_fp8_runner(inp: PrefillInputs) -> dict:
 def quant_rows(name, pairs, kv_format, backends, peak) -> list[dict]:
     """One case over a ``kv_format`` cache: our kernel (``triton``), the torch backend where its
     scores fit, FlashInfer for per-tensor FP8; TFLOP/s and GB/s of the quantised bytes."""
-    from paged_ref.course.checks import relative_error
     from paged_ref.kernels.triton_prefill import paged_prefill_triton
     from paged_ref.prefill import prefill_attention_torch
 
@@ -249,17 +261,7 @@ def quant_rows(name, pairs, kv_format, backends, peak) -> list[dict]:
         runners["torch"] = ("torch", {}, lambda: prefill_attention_torch(*args))
     if "flashinfer" in backends and KVFormat.parse(kv_format).name == "fp8":
         runners.update(flashinfer_fp8_runner(inp))
-    flops, nbytes = case_flops(pairs), case_bytes(pairs, kv_format)
-    rows = []
-    for m in check_then_time(f"{name} {kv_format}", runners,
-                             lambda o: relative_error(o[idx], ref), passes=1):
-        tflops = flops / (m.ms * 1e-3) / 1e12
-        row = m.row(name, tflops=tflops, pct_peak_tflops=100 * tflops / peak,
-                    gbps=gbps(nbytes, m.ms), flops=flops, bytes=nbytes)
-        row.update(kind="prefill_quant", kv_format=kv_format, label=f"{m.label} {kv_format}")
-        rows.append(row)
-        print(f"{name:28s} {row['label']:26s} {m.ms:8.3f} ms {tflops:6.1f} TFLOP/s "
-              f"({100 * tflops / peak:4.1f}% of matmul) err {m.error:.1e}", flush=True)
+    rows = timed_rows(name, runners, idx, ref, pairs, peak, kv_format)
     del inp, runners
     torch.cuda.empty_cache()
     return rows

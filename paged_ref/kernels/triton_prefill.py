@@ -43,9 +43,9 @@ import triton.language as tl
 from paged_ref import _device
 from paged_ref.kernels.kv_formats import (
     KV_FP8_TENSOR,
-    KV_PLAIN,
     KV_FP8_TOKEN_HEAD,
     KV_INT4,
+    KV_PLAIN,
     int4_halves,
     kv_kernel_args,
     load_scale_zero,

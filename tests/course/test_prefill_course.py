@@ -78,3 +78,30 @@ def test_float16_dots_beat_the_first_bfloat16_build():
     for a, b in zip(now, first, strict=True):
         for fmt in ("fp8", "fp8_token_head", "int4"):
             assert 1.04 < b[f"{fmt} ms"] / a[f"{fmt} ms"] < 1.12, (a["case"], fmt)
+
+
+def test_suite_rows_over_quantised_caches_on_a_cpu(monkeypatch):
+    """The prefill suite's rows, driven on a CPU with a tiny shape and a stand-in timer: bf16
+    rows from ``run_case``, quantised ones from ``quant_rows`` (checked against float64 of the
+    de-quantised cache), and ``quant_table`` reads them back."""
+    import torch
+
+    from paged_ref.course import bench_prefill
+    from paged_ref.course.bench_common import check_then_time
+
+    monkeypatch.setattr(bench_prefill, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_prefill, "SHAPE", dict(num_q_heads=4, num_kv_heads=2, head_dim=32,
+                                                     block_size=16, dtype=torch.float32))
+    monkeypatch.setattr(bench_prefill, "check_then_time", lambda *a, **k: check_then_time(
+        *a, **k, timer=lambda fn: 2.0))
+    pairs = [(40, 24), (17, 17)]
+    rows = bench_prefill.run_case("tiny", pairs, ["triton", "torch"], [], peak=100.0)
+    for fmt in ("fp8", "int4"):
+        rows += bench_prefill.quant_rows("tiny", pairs, fmt, ["triton", "torch"], peak=100.0)
+    labels = [r["label"] for r in rows]
+    assert labels == ["triton", "torch", "triton fp8", "torch fp8", "triton int4", "torch int4"]
+    assert all(r["rel_err"] < 1e-5 for r in rows), [(r["label"], r["rel_err"]) for r in rows]
+    assert rows[2]["kind"] == "prefill_quant" and rows[2]["bytes"] < rows[0]["bytes"]
+    (row,) = bench_prefill.quant_table({"results": rows})
+    assert row["fp8 / bf16"] == 1.0 and row["torch fp8 ms"] == 2.0
+    assert row["FlashInfer fp8 ms"] is None
