@@ -33,11 +33,13 @@ Sharing blocks (lesson 07). Blocks carry reference counts, so sequences can shar
   soon as its token ids are known (at ``add_sequence`` or at the ``append_slot`` that fills
   it): the caller writes its K/V in that same step, before attention reads it.
 
-Invariants: a write never lands in a block that another sequence holds; a hit only returns
-blocks whose tokens equal the prompt's; eviction never takes a held block;
-``num_free_blocks`` counts plain free + evictable blocks. Every method that changes state
-either succeeds or raises with nothing changed. An unknown ``seq_id`` is a ``ValueError``
-naming the id, whatever the method.
+Invariants: a write never changes what another sequence reads. It lands in a block no other
+sequence holds, save one case: a prompt admitted in the same step may hit the block that step's
+token fills (registered when it filled), and then the write is the very token that block is
+cached for. A hit only returns blocks whose tokens equal the prompt's; eviction never takes a
+held block; ``num_free_blocks`` counts plain free + evictable blocks. Every method that changes
+state either succeeds or raises with nothing changed. An unknown ``seq_id`` is a
+``ValueError`` naming the id, whatever the method.
 """
 
 from __future__ import annotations

@@ -354,3 +354,22 @@ def test_host_tier_needs_prefix_caching():
         KVCacheManager(4, 2, num_host_blocks=2)
     with pytest.raises(ValueError, match="num_host_blocks must be >= 0"):
         KVCacheManager(4, 2, enable_prefix_caching=True, num_host_blocks=-1)
+
+
+def test_prompt_admitted_mid_step_shares_the_block_this_step_fills():
+    """Found by the state machine: a decode token fills a block, which is registered as cached
+    at once; a prompt admitted in the same step, before the step's K/V are written, hits it.
+    The filler's write then lands in a block the prompt holds -- the very token the hash names,
+    so both read the same K/V once the step has written it (as in vLLM v1, where a block is
+    cached when the step that computes it is scheduled)."""
+    m = KVCacheManager(4, 2, enable_prefix_caching=True)
+    cache = PagedKVCache(1, 4, 2, 1, 1, dtype=torch.float32)
+    m.add_sequence("a", token_ids=[5])
+    cache.write(0, torch.tensor([[[5.0]]]), torch.tensor([[[5.0]]]), m.slot_mapping("a"))
+    (slot,) = m.append_slots(["a"], [7])  # fills block 0: [5, 7], cached now
+    assert m.add_sequence("b", token_ids=[5, 7, 1]) == 2  # a hit, before the write
+    block = m.block_table("a")[0]
+    assert m.block_table("b")[0] == block and m.ref_count(block) == 2
+    assert m.take_copies() == []  # the token goes in place: nothing to copy
+    cache.write(0, torch.tensor([[[7.0]]]), torch.tensor([[[7.0]]]), torch.tensor([slot]))
+    assert cache.k_caches[0][block, :, 0, 0].tolist() == [5.0, 7.0]  # what b's hit promised

@@ -64,13 +64,21 @@ class SharingMachine(RuleBasedStateMachine):
 
     def _write(self, seq_id: int, start: int) -> None:
         """Block moves (spills, copies back, copy-on-writes) first, then tokens ``start ..``
-        of ``seq_id``, each into a block that no other sequence holds."""
+        of ``seq_id``, each into a block that no other sequence holds -- or, where a prompt
+        admitted in the same step already shares the block this step's token fills (a hit on
+        a block registered when it filled, before its K/V are written), exactly the token
+        that block is cached for (the hash names the whole prefix, so every holder reads the
+        same K/V; reading every sequence back checks it)."""
         self.cache.apply_block_ops(self.m.take_block_ops())
         slots = self.m.slot_mapping(seq_id, start)
-        for slot in slots:
-            assert self.m.ref_count(slot // self.m.block_size) == 1, (
-                f"write into slot {slot}: its block is shared")
-        k, v = token_kv(self.tokens[seq_id])
+        cached = {e.block_id: e.token_ids for e in self.m.cached_blocks()}
+        tokens = self.tokens[seq_id]
+        for i, slot in enumerate(slots):
+            block, offset = divmod(slot, self.m.block_size)
+            if self.m.ref_count(block) > 1:
+                assert block in cached and cached[block][offset] == tokens[start + i], (
+                    f"write into slot {slot}: its block is shared")
+        k, v = token_kv(tokens)
         self.cache.write(0, k[start:], v[start:], slots)
 
     def _expected_hit(self, tokens: list[int]) -> int:
