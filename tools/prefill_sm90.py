@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paged_ref.course.sm90 import compile_sm90, sass_report  # noqa: E402
+from paged_ref.course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
 from paged_ref.kernels import triton_prefill  # noqa: E402
 
 #: format -> (KV_FORMAT, cache dtype, scale dtype, scale strides (block, token, head))
@@ -37,17 +37,7 @@ def compile_prefill(fmt: str, config: triton_prefill.PrefillConfig):
     """``paged_prefill_kernel`` for sm_90 as launched on the standard shape (GQA 4)."""
     code, cache_dtype, scale_dtype, scale_strides = FORMATS[fmt]
     kernel = triton_prefill.paged_prefill_kernel
-    values = dict(zip(("stride_sb", "stride_st", "stride_sh"), scale_strides, strict=True))
-    for name in kernel.arg_names:
-        if name.endswith("_ptr"):  # only the dtype of these is read
-            values[name] = torch.empty(0, dtype=(
-                cache_dtype if name in ("k_cache_ptr", "v_cache_ptr")
-                else torch.bfloat16 if name in ("out_ptr", "q_ptr")
-                else scale_dtype if "scale" in name or "zero" in name else torch.int32))
-        elif name == "qk_scale":
-            values[name] = 0.125
-        else:
-            values.setdefault(name, 16)
+    values = paged_kernel_values(kernel, cache_dtype, scale_dtype, scale_strides)
     constexprs = dict(BLOCK_SIZE=16, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128,
                       BLOCK_M=config.block_m, BLOCK_Q=config.block_m // 4,
                       BLOCK_N=config.block_n, CAUSAL=True, DOT_PRECISION="tf32",

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from paged_ref.course.results import environment, write_result  # noqa: E402
-from paged_ref.course.sm90 import compile_sm90, sass_report  # noqa: E402
+from paged_ref.course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
 from paged_ref.kernels import triton_decode  # noqa: E402
 
 #: Instruction kinds reported (the rest are counted in ``total``).
@@ -61,18 +61,9 @@ def compile_decode(fmt: str, tile: int, warps: int, stages: int, prefetch: bool 
     kernel = triton_decode.paged_decode_kernel
     constexprs = dict(SHAPE, TILE=tile, DOT_PRECISION="tf32", DOT_UPCAST=False,
                       KV_FORMAT=FORMAT_CODES[fmt], INT4_GROUPS=2, PREFETCH=prefetch)
-    values = dict(zip(("stride_sb", "stride_st", "stride_sh"), SCALE_STRIDES[fmt], strict=True))
-    for name in kernel.arg_names:
-        if name.endswith("_ptr"):  # only the dtype of these is read
-            values[name] = torch.empty(0, dtype=(
-                CACHE_DTYPES[fmt] if name in ("k_cache_ptr", "v_cache_ptr")
-                else torch.bfloat16 if name in ("out_ptr", "q_ptr")
-                else (torch.float16 if fmt == "int4" else torch.float32)
-                if "scale" in name or "zero" in name else torch.int32))
-        elif name == "qk_scale":
-            values[name] = 0.125
-        else:
-            values.setdefault(name, 16)
+    values = paged_kernel_values(kernel, CACHE_DTYPES[fmt],
+                                 torch.float16 if fmt == "int4" else torch.float32,
+                                 SCALE_STRIDES[fmt])
     return compile_sm90(kernel, values, constexprs, dict(num_warps=warps, num_stages=stages))
 
 

@@ -56,6 +56,27 @@ def compile_sm90(kernel, values: dict, constexprs: dict, options: dict):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def paged_kernel_values(kernel, cache_dtype: torch.dtype, scale_dtype: torch.dtype,
+                        scale_strides: tuple[int, int, int]) -> dict:
+    """Argument values for :func:`compile_sm90` of a paged attention kernel launched on the
+    standard shape: K/V pointers of ``cache_dtype``, ``out`` / ``q`` bf16, scale and zero
+    pointers of ``scale_dtype``, other pointers int32 (only their dtypes are read); the scales'
+    ``(block, token, head)`` strides as given; the softmax scale a float; every other integer
+    16 (aligned, as on the standard shape)."""
+    values = dict(zip(("stride_sb", "stride_st", "stride_sh"), scale_strides, strict=True))
+    for name in kernel.arg_names:
+        if name.endswith("_ptr"):
+            values[name] = torch.empty(0, dtype=(
+                cache_dtype if name in ("k_cache_ptr", "v_cache_ptr")
+                else torch.bfloat16 if name in ("out_ptr", "q_ptr")
+                else scale_dtype if "scale" in name or "zero" in name else torch.int32))
+        elif name == "qk_scale":
+            values[name] = 0.125
+        else:
+            values.setdefault(name, 16)
+    return values
+
+
 def sass_report(compiled, kinds: tuple[str, ...]) -> dict:
     """Registers, shared memory, the total instruction count and the count of each of
     ``kinds`` (SASS opcodes such as ``"LDS"``, ``"HMMA"``) of a compiled kernel."""
@@ -77,4 +98,4 @@ def sass_report(compiled, kinds: tuple[str, ...]) -> dict:
                 **{kind: counts[kind] for kind in kinds})
 
 
-__all__ = ["TRITON_DTYPES", "compile_sm90", "sass_report"]
+__all__ = ["TRITON_DTYPES", "compile_sm90", "paged_kernel_values", "sass_report"]
