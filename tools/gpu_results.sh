@@ -15,6 +15,5 @@ if [ "${CHUNKS:-0}" = 1 ]; then
         --backends triton_split --sweep-chunks 1,2,4,8,16,32,64,128,256,512 \
         --out "$OUT/chunks.json" 2>&1 | grep -v "^cases:" | tail -3
 fi
-PAGED_REF_IMPL=solutions python3 tools/run_notebook_plain.py notebooks/03_gather_attention.ipynb \
-    notebooks/04_triton_paged_decode.ipynb notebooks/05_split_kv.ipynb > "$OUT/gpu_notebooks.log" 2>&1
-tail -3 "$OUT/gpu_notebooks.log"
+NOTEBOOKS="notebooks/03_gather_attention.ipynb notebooks/04_triton_paged_decode.ipynb \
+    notebooks/05_split_kv.ipynb" bash tools/gpu/notebooks.sh  # ($OUT/gpu_notebooks*.log)
