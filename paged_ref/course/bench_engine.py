@@ -2,7 +2,9 @@
 
 One run, one workload (N requests; prompt lengths drawn from lesson 01's ShareGPT-like
 lognormal, fixed seed; random token ids; the same prompts for every system), on random-weight
-bf16 Llama models at two shapes (a Llama-3.2-1B-like one and SmolLM2-135M's):
+bf16 Llama models at two shapes (a Llama-3.2-1B-like one and SmolLM2-135M's), or on SmolLM2's
+real weights in bf16 (``--shapes smollm2-135m-real``: ``load_smollm2``, which needs the GGUF
+file and the ``gguf`` package; the speed should be that of the random-weight shape):
 
 * ``engine``          this repo's :class:`paged_ref.engine.Engine` (paged KV, continuous
                       batching, CUDA graphs for decode);
@@ -44,15 +46,26 @@ SHAPES = {
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                          vocab_size=49152, rope_theta=100000.0),
 }
+#: SmolLM2-135M-Instruct's own weights (``paged_ref.engine.load_smollm2``), SHAPES' shape.
+REAL_SMOLLM2 = "smollm2-135m-real"
 #: What runs the workload: this repo's engine, then transformers' two ways.
 SYSTEMS = ("engine", "static_generate", "generate_batch")
 
 
 def build_model(shape: str, dtype=torch.bfloat16, device="cuda", seed: int = 0,
                 attn_implementation: str = "sdpa"):
-    """A random-weight ``LlamaForCausalLM`` at ``shape``, built directly on ``device``."""
+    """A random-weight ``LlamaForCausalLM`` at ``shape``, built directly on ``device``
+    (``REAL_SMOLLM2``: SmolLM2-135M-Instruct's weights, through ``load_smollm2``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if shape == REAL_SMOLLM2:
+        from paged_ref.engine import load_smollm2
+
+        model, _ = load_smollm2(dtype=dtype, device=device)
+        model.set_attn_implementation(attn_implementation)
+        model.generation_config.eos_token_id = None  # every system runs to max_new_tokens
+        model.generation_config.pad_token_id = 0
+        return model
     cfg = LlamaConfig(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=8192,
                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
@@ -279,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--static-batch", type=int, default=64)
-    p.add_argument("--shapes", type=name_list(SHAPES, "shape"),
-                   default="llama-3.2-1b-like,smollm2-135m", help="from: " + ", ".join(SHAPES))
+    p.add_argument("--shapes", type=name_list((*SHAPES, REAL_SMOLLM2), "shape"),
+                   default="llama-3.2-1b-like,smollm2-135m",
+                   help="from: " + ", ".join((*SHAPES, REAL_SMOLLM2)))
     p.add_argument("--systems", type=name_list(SYSTEMS, "system"), default=",".join(SYSTEMS),
                    help="from: " + ", ".join(SYSTEMS))
     p.add_argument("--budgets", default="4096,8192,16384,32768")

@@ -85,9 +85,18 @@ class StepRecorder:
                  "free_blocks": e.num_free_blocks} for e in self.events]
 
     def widget(self, **kw):
-        """A slider and a play button over the recorded steps, the picture below."""
-        import ipywidgets as w
-        from IPython.display import Image, display
+        """A slider and a play button over the recorded steps, the picture below. Without
+        ipywidgets (plain Python, a Jupyter without the extension's package), it says so and
+        returns the last step's picture instead."""
+        if not self.events:
+            raise ValueError("no steps recorded: pass the recorder as on_step= to generate")
+        try:
+            import ipywidgets as w
+            from IPython.display import Image, display
+        except ImportError as err:
+            print(f"no slider here ({err.name} is not installed: pip install ipywidgets); "
+                  f"the last of {len(self.events)} steps:")
+            return self.figure(len(self.events) - 1, **kw)
 
         out = w.Output()
         slider = w.IntSlider(0, 0, max(0, len(self.events) - 1), description="step")

@@ -122,3 +122,32 @@ def test_decode_step_launches_few_kernels():
     for name, count in Counter(names).most_common():
         print(f"  {count:4d}  {name[:110]}")
     assert len(names) <= 16 * layers + 20, "transformers' modules: 41 a layer"
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_real_smollm2_greedy_matches_transformers_on_the_gpu(cuda_graphs):
+    """SmolLM2-135M-Instruct's own weights in float32 on the GPU (lesson 09 where a learner has
+    one): the engine's greedy tokens, stopping at EOS, are transformers' for each prompt alone.
+    Skipped where the GGUF file or the ``gguf`` package is missing."""
+    from paged_ref.engine import Engine, load_smollm2
+
+    try:
+        model, tokenizer = load_smollm2(device="cuda")
+    except ImportError as err:
+        pytest.skip(f"no SmolLM2 here: {err}")
+    questions = ["Hi!", "What is 2 + 2?", "Write a haiku about memory.",
+                 "Explain what a cache is, in one sentence.", "List three red fruits."]
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                  add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False)) for q in questions]
+    n = 40
+    expected = []
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=n)
+        expected.append(out[0, len(p):].tolist())
+    engine = Engine(model, num_blocks=64, block_size=16, max_num_batched_tokens=128,
+                    cuda_graphs=cuda_graphs)
+    assert all(expected) and engine.generate(prompts, n) == expected
+    assert engine.runner.graphs or not cuda_graphs

@@ -97,6 +97,26 @@ def test_step_recorder_draws_the_block_tables(tiny, case):
     assert any(g.startswith("pool:") for g in gids) and any(g.startswith("logical:") for g in gids)
 
 
+def test_step_widget_without_ipywidgets_shows_the_last_step(tiny, case, monkeypatch, capsys):
+    """Plain Python (the GPU machine's notebook runner) has no ipywidgets: the widget call
+    says so and returns the last step's picture; with nothing recorded, a clear error."""
+    import sys
+
+    from paged_ref.course.engine_view import StepRecorder
+
+    with pytest.raises(ValueError, match="no steps recorded"):
+        StepRecorder().widget()
+    prompts, outputs, _ = case
+    rec = StepRecorder()
+    Engine(tiny, num_blocks=12, block_size=4).generate(prompts, outputs, ignore_eos=True,
+                                                       on_step=rec)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets -> ImportError
+    fig = rec.widget()
+    assert "ipywidgets is not installed" in capsys.readouterr().out
+    last = rec.figure(len(rec.events) - 1)._suptitle.get_text()
+    assert fig._suptitle.get_text() == last and last.startswith(f"step {rec.events[-1].step}:")
+
+
 def test_fused_triton_ops_give_transformers_tokens(tiny, case):
     """The fused Triton kernels (interpreted here) inside the whole engine, prefill and
     decode steps: tokens equal transformers'."""
