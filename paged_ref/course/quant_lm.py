@@ -9,7 +9,11 @@
 * free-running: ``Engine.generate`` with the quantised cache, and how many tokens it generates
   before its first difference from the float32 cache's (after one, the texts part ways).
 
-``python -m paged_ref.course.quant_lm --out benchmarks/quant_smollm2.json`` (CPU, minutes).
+``python -m paged_ref.course.quant_lm --out benchmarks/quant_smollm2.json`` (CPU, minutes). On a
+GPU, ``--device cuda --dtype bfloat16 --backend auto`` runs the same measures through the
+kernels: the Triton prefill kernel scores the passage and generations, and the engine decodes
+with the CUDA decode kernels, each de-quantising in registers (the baseline is then the bf16
+cache).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ FORMATS = (None, "fp8", "int4", "fp8_token_head", "int4_g64")
 PROMPT_LEN = 64  # tokens of each generation prompt (a slice of the passage)
 FORMAT_NOTES = {  # what each row's cache is (written into the JSON)
     "float32": "the model's float32 K/V (the baseline)",
+    "bfloat16": "the model's bfloat16 K/V (the baseline)",
     "fp8": "e4m3, one scale per layer (1.0, as vLLM's default)",
     "fp8_token_head": "e4m3, a float32 scale per token-head",
     "int4": "INT4, a float16 (scale, zero) per half head (32 channels)",
@@ -39,10 +44,14 @@ FORMAT_NOTES = {  # what each row's cache is (written into the JSON)
 
 @torch.inference_mode()
 def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 512,
-                 block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+                 block_size: int = 16, backend: str = "torch", noise: float = 0.0,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log p(token[t+1] | tokens[:t+1]), argmax prediction at t)`` for every position but
     the last, float32 / int64 ``[n - 1]``, with the K/V cache stored in ``kv_format``
-    (None: the model's dtype). Runs the engine's model runner over the paged cache in chunks."""
+    (None: the model's dtype). Runs the engine's model runner over the paged cache in chunks;
+    ``backend`` is ``paged_prefill``'s ("torch", or "auto": the Triton kernel on a GPU).
+    ``noise`` > 0 multiplies every attention output element by ``1 + noise * N(0, 1)`` (seeded
+    by ``seed``): rounding of about that relative size, as another kernel's would be."""
     from paged_ref.engine import ops
     from paged_ref.engine.runner import ModelRunner
 
@@ -54,6 +63,7 @@ def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 51
     table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None]
     ids = torch.tensor(token_ids, device=device)
     logps, preds = [], []
+    gen = torch.Generator().manual_seed(seed)
     for start in range(0, n, chunk):
         end = min(n, start + chunk)
         positions = torch.arange(start, end, device=device)
@@ -62,8 +72,12 @@ def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 51
 
         def attend(i, q, seq_lens=seq_lens, starts=starts):
             k_cache, v_cache = runner.cache.layer(i)
-            return ops.prefill_attention(q, k_cache, v_cache, table, seq_lens, starts,
-                                         scale=runner.scale, backend="torch")
+            out = ops.prefill_attention(q, k_cache, v_cache, table, seq_lens, starts,
+                                        scale=runner.scale, backend=backend)
+            if noise:
+                jitter = torch.randn(out.shape, generator=gen).to(out.device)
+                out = (out.float() * (1 + noise * jitter)).to(out.dtype)
+            return out
 
         hidden = runner.forward(ids[start:end], positions, positions, attend)  # slot = position
         logits = model.lm_head(hidden).float()
@@ -88,13 +102,33 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, kv_format=Non
     return engine.generate(prompts, max_new_tokens, ignore_eos=True)
 
 
+def noise_sensitivity(model, tokenizer, *, formats=FORMATS, levels=(0.0, 0.002, 0.004),
+                      seeds: int = 3, max_tokens: int = 2048) -> list[dict]:
+    """How much each format's perplexity moves when attention's output is perturbed by relative
+    noise of ``levels`` (bf16's rounding is ~0.2-0.4 %): one row per (format, level, seed),
+    the passage's first ``max_tokens`` tokens. Tells a format's cost apart from rounding."""
+    ids = tokenizer(PASSAGE.read_text()).input_ids[:max_tokens]
+    rows = []
+    for fmt in formats:
+        for level in levels:
+            for seed in range(seeds if level else 1):
+                logps, _ = score_tokens(model, ids, kv_format=fmt, chunk=1024, noise=level,
+                                        seed=seed)
+                rows.append({"kv_format": fmt or str(next(model.parameters()).dtype)
+                             .removeprefix("torch."), "noise": level, "seed": seed,
+                             "perplexity": perplexity(logps)})
+                print(rows[-1], flush=True)
+    return rows
+
+
 def first_difference(ours: list[int], theirs: list[int]) -> int:
     """Tokens generated before the first that differs (``len`` when none does)."""
     return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b),
                 len(theirs))
 
 
-def generation_agreement(model, prompts, baseline, outputs, kv_format=None) -> dict:
+def generation_agreement(model, prompts, baseline, outputs, kv_format=None,
+                         backend: str = "torch") -> dict:
     """How a format's greedy generations compare with the baseline's (``baseline[i]`` and
     ``outputs[i]`` continue ``prompts[i]``, equal lengths):
 
@@ -106,7 +140,8 @@ def generation_agreement(model, prompts, baseline, outputs, kv_format=None) -> d
       difference (1.0: identical generations)."""
     agree = total = 0
     for prompt, ref in zip(prompts, baseline, strict=True):
-        _, preds = score_tokens(model, prompt + ref, kv_format=kv_format, chunk=1024)
+        _, preds = score_tokens(model, prompt + ref, kv_format=kv_format, chunk=1024,
+                                backend=backend)
         picked = preds[len(prompt) - 1 :]  # the prediction after each token, from the prompt's last
         agree += int((picked == torch.tensor(ref, device=picked.device)).sum())
         total += len(ref)
@@ -116,18 +151,36 @@ def generation_agreement(model, prompts, baseline, outputs, kv_format=None) -> d
             "same_prefix_share": sum(firsts) / max(total, 1)}
 
 
+def decode_kernel(model, kv_format: str, device: str) -> str:
+    """Which kernels the engine's decode steps ran for ``kv_format``: "cuda" (the CUDA decode
+    kernels), else why not (then the Triton or torch backend de-quantised)."""
+    from paged_ref.kernels.cuda_fp8 import cuda_refusal
+    from paged_ref.quant import KVFormat
+
+    if kv_format not in FORMAT_NOTES or kv_format in ("float32", "bfloat16"):
+        return "plain cache: Triton on a GPU, torch on a CPU"
+    cfg = model.config
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    why = cuda_refusal(KVFormat.parse(kv_format), next(model.parameters()).dtype, device,
+                       head_dim=cfg.hidden_size // cfg.num_attention_heads, group=group,
+                       block_size=16)
+    return "cuda" if why is None else f"not cuda: {why}"
+
+
 def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_prompts: int = 0,
-            prompt_len: int = PROMPT_LEN, new_tokens: int = 0, on_row=None) -> dict:
+            prompt_len: int = PROMPT_LEN, new_tokens: int = 0, on_row=None,
+            backend: str = "torch") -> dict:
     """Per format (None = the model's dtype, the baseline, first): perplexity of the first
     ``max_tokens`` tokens of the passage and the top-1 (greedy) agreement with the baseline at
     each of its positions; with ``num_prompts`` > 0 also free-running greedy generation of
-    ``new_tokens`` from passage slices, compared token by token with the baseline's."""
+    ``new_tokens`` from passage slices, compared token by token with the baseline's.
+    ``backend``: the scoring's prefill backend (generation uses the engine's own choice)."""
     ids = tokenizer(PASSAGE.read_text()).input_ids[:max_tokens]
     stride = len(ids) // max(num_prompts, 1)
     prompts = [ids[i * stride : i * stride + prompt_len] for i in range(num_prompts)]
     rows, base_pred, baseline = [], None, None
     for fmt in formats:
-        logps, preds = score_tokens(model, ids, kv_format=fmt, chunk=1024)
+        logps, preds = score_tokens(model, ids, kv_format=fmt, chunk=1024, backend=backend)
         base_pred = preds if base_pred is None else base_pred
         row = {"kv_format": fmt or str(next(model.parameters()).dtype).removeprefix("torch."),
                "perplexity": perplexity(logps), "passage_tokens": len(ids),
@@ -136,7 +189,7 @@ def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_pr
         if num_prompts:
             outputs = generate(model, prompts, new_tokens, fmt)
             baseline = outputs if baseline is None else baseline
-            row.update(generation_agreement(model, prompts, baseline, outputs, fmt))
+            row.update(generation_agreement(model, prompts, baseline, outputs, fmt, backend))
         rows.append(row)
         print(row, flush=True)
         if on_row:
@@ -152,15 +205,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=0, help="free-running prompts (0: none)")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--formats", default="fp32,fp8,int4,fp8_token_head,int4_g64")
+    p.add_argument("--formats", default="base,fp8,int4,fp8_token_head,int4_g64",
+                   help="'base' (or 'fp32'): the model's own dtype, the baseline")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--backend", default="torch", choices=("torch", "auto"),
+                   help="the scoring's prefill backend: torch, or auto (the Triton kernel)")
+    p.add_argument("--noise-levels", default="",
+                   help="e.g. 0,0.002,0.004: perplexity under relative attention noise instead "
+                        "(noise_sensitivity; 3 seeds a level)")
     args = p.parse_args(argv)
     from paged_ref.engine import load_smollm2
 
-    model, tokenizer = load_smollm2()
-    formats = [None if f == "fp32" else f for f in args.formats.split(",")]
+    model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype), device=args.device)
+    formats = [None if f in ("base", "fp32") else f for f in args.formats.split(",")]
+    if args.noise_levels:
+        levels = [float(x) for x in args.noise_levels.split(",")]
+        rows = noise_sensitivity(model, tokenizer, formats=formats, levels=levels,
+                                 max_tokens=args.max_tokens)
+        Path(args.out).write_text(json.dumps({
+            "what": f"SmolLM2-135M-Instruct ({args.dtype} weights, {args.device}, torch "
+                    "backend): perplexity of data/passage.txt's first tokens per KV format with "
+                    "every attention output element multiplied by 1 + noise * N(0, 1)",
+            "torch": torch.__version__, "date": dt.date.today().isoformat(),
+            "passage_tokens": args.max_tokens, "results": rows}, indent=1))
+        print(f"wrote {args.out}")
+        return 0
 
     def write(rows):
-        out = {"what": "SmolLM2-135M-Instruct (float32 weights, CPU) through paged_ref.engine's "
+        out = {"what": f"SmolLM2-135M-Instruct ({args.dtype} weights, {args.device}, scoring "
+                       f"backend {args.backend}) through paged_ref.engine's "
                        "model runner; perplexity of the first tokens of data/passage.txt with "
                        "the KV cache in each format (chunked prefill over the paged cache); "
                        "top-1 agreement: the next-token argmax equal to the float32 cache's, "
@@ -168,15 +242,20 @@ def main(argv: list[str] | None = None) -> int:
                        "(Engine.generate) from passage slices: step_agreement, the float32 "
                        "cache's generated tokens that the format also picks given the same "
                        "history; tokens generated before the first difference, free-running",
+               **({"gpu": torch.cuda.get_device_name()} if args.device.startswith("cuda")
+                  else {}),
                "torch": torch.__version__, "date": dt.date.today().isoformat(),
                "generation": {"prompts": args.prompts, "prompt_tokens": PROMPT_LEN,
                               "new_tokens_each": args.new_tokens},
                "formats": {r["kv_format"]: FORMAT_NOTES.get(r["kv_format"], "") for r in rows},
+               "decode_kernels": {r["kv_format"]: decode_kernel(model, r["kv_format"], args.device)
+                                  for r in rows},
                "results": rows}
         Path(args.out).write_text(json.dumps(out, indent=1))
 
     measure(model, tokenizer, formats=formats, max_tokens=args.max_tokens,
-            num_prompts=args.prompts, new_tokens=args.new_tokens, on_row=write)
+            num_prompts=args.prompts, new_tokens=args.new_tokens, on_row=write,
+            backend=args.backend)
     print(f"wrote {args.out}")
     return 0
 

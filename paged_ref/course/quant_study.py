@@ -120,6 +120,37 @@ def quantise_samples(x: torch.Tensor, formats=FORMATS) -> dict[str, float]:
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "smollm2_kv_sample.npz"
 
 
+def bf16_perplexity_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
+    """SmolLM2 in bf16, per KV format, from three committed runs: the H200 through the kernels
+    (``benchmarks/h200/quant_smollm2_h200_auto.json``: Triton prefill scores, the engine
+    generates), the H200 with the torch backend scoring (``..._torch.json``), and a CPU with
+    relative noise of 0.2-0.4 % on attention's output (``benchmarks/quant_smollm2_noise.json``).
+    Perplexities as % above the same run's bf16 cache; ``noise_band`` is (lowest, highest)."""
+    bench = root / "benchmarks"
+    runs = {name: {r["kv_format"]: r for r in
+                   json.loads((bench / "h200" / f"quant_smollm2_h200_{name}.json").read_text())
+                   ["results"]} for name in ("auto", "torch")}
+    noise = json.loads((bench / "quant_smollm2_noise.json").read_text())["results"]
+    base_cpu = next(r["perplexity"] for r in noise if r["kv_format"] == "bfloat16"
+                    and r["noise"] == 0)
+
+    def pct(ppl, base):
+        return 100 * (ppl / base - 1)
+
+    rows = []
+    for fmt, kern in runs["auto"].items():
+        row = {"kv_format": fmt,
+               "kernels_pct": pct(kern["perplexity"], runs["auto"]["bfloat16"]["perplexity"]),
+               "step_agreement": kern.get("step_agreement"),
+               "torch_pct": pct(runs["torch"][fmt]["perplexity"],
+                                runs["torch"]["bfloat16"]["perplexity"])}
+        band = [pct(r["perplexity"], base_cpu) for r in noise
+                if r["kv_format"] == fmt and r["noise"] > 0]
+        row["noise_band"] = (min(band), max(band)) if band else None
+        rows.append(row)
+    return rows
+
+
 def load_smollm2_samples(path: Path = SAMPLES) -> dict:
     """The committed SmolLM2-135M K/V samples (see tools/extract_smollm2_kv.py) as tensors:
     ``k``, ``v`` float32 [3 layers, 256 tokens, 3 kv heads, 64]; ``layers``; ``k_amax``,

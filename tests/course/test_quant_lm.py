@@ -79,3 +79,54 @@ def test_committed_smollm2_table():
     for fmt in ("fp8", "fp8_token_head"):
         assert rows[fmt]["perplexity"] <= 1.01 * base["perplexity"], fmt
     assert rows["int4"]["perplexity"] > rows["fp8"]["perplexity"]  # INT4's cost, stated
+
+
+def test_bf16_h200_runs_and_the_lesson_reading_of_them(tmp_path, monkeypatch):
+    """Lesson 10's bf16 table: each H200 run's perplexities relative to its own bf16 cache, the
+    CPU noise band, and the claims its text makes of them (a planted mix-up of the two runs'
+    baselines is caught)."""
+    from paged_ref.course import quant_study
+
+    h200 = ROOT / "benchmarks" / "h200"
+    runs = {name: {r["kv_format"]: r for r in json.loads(
+        (h200 / f"quant_smollm2_h200_{name}.json").read_text())["results"]}
+        for name in ("auto", "torch")}
+    kernels = json.loads((h200 / "quant_smollm2_h200_auto.json").read_text())
+    assert kernels["gpu"] == "NVIDIA H200" and "bfloat16 weights, cuda" in kernels["what"]
+    assert all(kernels["decode_kernels"][f] == "cuda" for f in ("fp8", "int4", "fp8_token_head"))
+    rows = {r["kv_format"]: r for r in quant_study.bf16_perplexity_rows()}
+    for fmt, row in rows.items():
+        for name, key in (("auto", "kernels_pct"), ("torch", "torch_pct")):
+            want = 100 * (runs[name][fmt]["perplexity"] / runs[name]["bfloat16"]["perplexity"] - 1)
+            assert row[key] == pytest.approx(want), (fmt, key)
+        assert runs["auto"][fmt]["generated_tokens"] >= 2000
+    fp8, th = rows["fp8"], rows["fp8_token_head"]
+    assert all(0.2 < r[k] < 2.3 for r in (fp8, th) for k in ("kernels_pct", "torch_pct"))
+    assert (fp8["kernels_pct"] < th["kernels_pct"]) != (fp8["torch_pct"] < th["torch_pct"])
+    assert [round(x, 1) for x in fp8["noise_band"]] == [-0.7, 1.7]
+    assert round(100 * rows["bfloat16"]["step_agreement"], 2) == 99.76
+    probe = json.loads((h200 / "quant_lm_layer_probe_2026-12-01.json").read_text())["results"]
+    for key, (lo, hi) in (("triton_rel", (1.65e-3, 1.94e-3)), ("torch_rel", (1.65e-3, 1.86e-3))):
+        values = [r[key] for r in probe]
+        assert round(min(values), 5) == lo and round(max(values), 5) == hi, key
+    mixed = [('runs["torch"]["bfloat16"]["perplexity"]', 'runs["auto"]["bfloat16"]["perplexity"]')]
+    mutant = mutant_of(quant_study, mixed, tmp_path, monkeypatch)
+    assert mutant.bf16_perplexity_rows(ROOT)[1]["torch_pct"] != pytest.approx(fp8["torch_pct"])
+
+
+def test_scoring_through_the_triton_kernel_and_under_noise(tiny, generations):
+    """``backend="triton"`` scores through the prefill kernel (the interpreter here) with the
+    torch backend's log-probabilities; ``noise`` perturbs them reproducibly, per seed."""
+    prompts, baseline = generations
+    ids = prompts[0] + baseline[0]
+    for fmt in (None, "fp8", "fp8_token_head"):  # (INT4 kernels need head_dim >= 32; tiny's 16)
+        ref, ref_pred = quant_lm.score_tokens(tiny, ids, kv_format=fmt, chunk=8)
+        got, got_pred = quant_lm.score_tokens(tiny, ids, kv_format=fmt, chunk=8,
+                                              backend="triton")
+        torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
+        assert torch.equal(got_pred, ref_pred), fmt
+    plain, _ = quant_lm.score_tokens(tiny, ids, chunk=8)
+    noisy = [quant_lm.score_tokens(tiny, ids, chunk=8, noise=1e-3, seed=s)[0] for s in (0, 0, 1)]
+    assert torch.equal(noisy[0], noisy[1]) and not torch.equal(noisy[0], noisy[2])
+    assert not torch.allclose(noisy[0], plain, atol=1e-5)
+    torch.testing.assert_close(noisy[0], plain, atol=0.05, rtol=0)  # 0.1 % noise: small moves
