@@ -11,7 +11,9 @@
 # Call 1 (carry .model/part0):  STAGE=first bash tools/gpu/smollm2.sh
 # Call 2 (carry .model/part1 .whl_model build/cubins.tar.xz):  bash tools/gpu/smollm2.sh
 #   STEPS="test notebook engine quant probe" chooses what the second call runs; QUANT_BACKEND,
-#   QUANT_FORMATS and QUANT_PROMPTS the quant step's scoring backend, formats and prompts.
+#   QUANT_FORMATS and QUANT_PROMPTS the quant step's scoring backend, formats and prompts;
+#   NOTEBOOKS the lessons the notebook step runs (09); ENGINE_SHAPES / ENGINE_SYSTEMS the engine
+#   suite's shapes (smollm2-135m-real) and systems (all three).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 HALVES=/tmp/smollm2_halves
@@ -39,9 +41,12 @@ for step in ${STEPS:-test notebook engine quant}; do
     case $step in
     test) timeout 200 python3 -m pytest tests/engine/test_engine_gpu.py -q -o addopts= \
               -p no:cacheprovider -k real 2>&1 | tee "$OUT/smollm2_gpu_test.log" | tail -3 ;;
-    notebook) NOTEBOOKS="notebooks/09_*.ipynb" NOTEBOOK_SECONDS=240 bash tools/gpu/notebooks.sh ;;
-    engine) timeout 300 python3 -m paged_ref.bench --suite engine --shapes smollm2-135m-real \
-                --budgets "" --out "$OUT/engine_real" 2>&1 | tail -4 ;;
+    notebook) NOTEBOOKS=${NOTEBOOKS:-notebooks/09_*.ipynb} NOTEBOOK_SECONDS=240 \
+                  bash tools/gpu/notebooks.sh ;;
+    engine) timeout 300 python3 -m paged_ref.bench --suite engine --budgets "" \
+                --shapes "${ENGINE_SHAPES:-smollm2-135m-real}" \
+                --systems "${ENGINE_SYSTEMS:-engine,static_generate,generate_batch}" \
+                --out "$OUT/engine_real" 2>&1 | tail -4 ;;
     quant) b=${QUANT_BACKEND:-auto}  # the scoring's prefill backend (torch: a control)
            timeout 400 python3 -m paged_ref.course.quant_lm --device cuda --dtype bfloat16 \
                --backend "$b" --prompts "${QUANT_PROMPTS:-8}" --new-tokens 256 \
