@@ -268,7 +268,10 @@ def fp8_scale(x: torch.Tensor, per: str = "tensor") -> torch.Tensor:
     (``per="token_head"``, shape ``x.shape[:-1]``); an all-zero slice gets scale 1."""
     a = x.detach().float().abs()
     amax = a.amax() if per == "tensor" else a.amax(dim=-1)
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # (A tensor divisor: on a GPU, torch divides by a Python number as a multiply by its
+    # reciprocal, one ulp off IEEE division at times; this way every device, and the Triton
+    # write kernel, computes the same scale.)
+    return torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
 
 
 def fp8_encode(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -308,7 +311,7 @@ def int4_scale_zero(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     ``scale = (max - min) / 15`` (at least 2^-24, so a constant group decodes exactly)."""
     g = x.detach().float().unflatten(-1, (-1, group_size))
     low, high = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((high - low) / INT4_MAX).clamp(min=2.0**-24)
+    scale = ((high - low) / torch.full_like(high, INT4_MAX)).clamp(min=2.0**-24)  # (fp8_scale)
     return scale.to(torch.float16), low.to(torch.float16)
 
 

@@ -256,6 +256,45 @@ def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size
     return rows
 
 
+def format_sweep(model, budget_mib: float, formats, n: int, seed: int, max_len: int,
+                 max_new: int = 128, block_size: int = 16) -> list[dict]:
+    """The same KV memory (``budget_mib`` MiB, every layer's K and V, scales included) in each
+    cache format ("plain": the model's dtype, or a :class:`paged_ref.KVFormat` name): the blocks
+    it buys, then the workload served in them: ``n`` prompts (lesson 01's lengths), ``max_new``
+    tokens each, many more than fit at once, so the requests go through in waves. Per format:
+    tokens of room, requests held at once, output tok/s, preemptions (lesson 10's "tokens that
+    fit", measured)."""
+    from paged_ref.engine import Engine
+    from paged_ref.quant import KVFormat
+
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    prompts, _ = workload(n, cfg.vocab_size, seed, max_len=max_len - max_new)
+    rows = []
+    for name in formats:
+        fmt = None if name == "plain" else KVFormat.parse(name)
+        per_token = kv_bytes_per_token(num_layers=cfg.num_hidden_layers,
+                                       num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
+                                       dtype=fmt or model.dtype)
+        num_blocks = int(budget_mib * 2**20 // (per_token * block_size))
+        engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=256,
+                        max_model_len=max_len, kv_format=name if fmt else None)
+        engine.generate(prompts[:16], 2, ignore_eos=True)  # compiles and captures (untimed)
+        sync()
+        engine.generate(prompts, max_new, ignore_eos=True)
+        s = engine.stats
+        label = name if fmt else str(model.dtype).removeprefix("torch.")
+        rows.append({"kv_format": label, "kv_budget_mib": budget_mib,
+                     "bytes_per_token": per_token, "num_blocks": num_blocks,
+                     "tokens_of_room": num_blocks * block_size,
+                     "max_requests_held": s.max_running, "output_tok_s": s.output_tokens_per_s,
+                     "output_tokens": s.output_tokens, "preemptions": s.preemptions,
+                     "steps": s.steps})
+        print(rows[-1], flush=True)
+        del engine
+    return rows
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -299,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="from: " + ", ".join(SYSTEMS))
     p.add_argument("--budgets", default="4096,8192,16384,32768")
     p.add_argument("--sweep-requests", type=int, default=128)
+    p.add_argument("--format-budget-mib", type=float, default=0,
+                   help="with > 0: the same KV memory in each of --kv-formats (SmolLM2 shape)")
+    p.add_argument("--kv-formats", default="plain,fp8,int4",
+                   help="for --format-budget-mib; plain: the model's dtype (bf16)")
+    p.add_argument("--format-requests", type=int, default=1024,
+                   help="for --format-budget-mib: requests, --output-len new tokens each")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU here: the engine benchmark runs on a GPU (committed results: "
@@ -358,6 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         budgets = [int(b) for b in args.budgets.split(",")]
         result["fit_sweep"] = fit_sweep(model, budgets, args.sweep_requests, seed=1,
                                         max_len=512)
+        save()
+    if args.format_budget_mib > 0:
+        model = build_model("smollm2-135m")
+        result["format_sweep"] = format_sweep(model, args.format_budget_mib,
+                                              args.kv_formats.split(","), args.format_requests,
+                                              seed=2, max_len=1024, max_new=args.output_len)
         save()
     plot(result, args.out / "engine.png")
     return 0

@@ -151,6 +151,27 @@ def bf16_perplexity_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
     return rows
 
 
+def engine_format_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
+    """The same 360 MiB of KV memory in each format, in the engine (H200, SmolLM2's shape,
+    random bf16 weights; ``benchmarks/h200/engine_formats_2026-12-01_torch_write.json``), with
+    each format's decode step of 256 requests and its kernels a layer
+    (``format_step_probe_2026-12-01_torch_write.json``). Both ran with the quantising write as
+    torch ops, before ``paged_ref/kernels/triton_quant_write.py``."""
+    h200 = root / "benchmarks" / "h200"
+    sweep = json.loads((h200 / "engine_formats_2026-12-01_torch_write.json").read_text())
+    probe = json.loads((h200 / "format_step_probe_2026-12-01_torch_write.json").read_text())
+    steps = {("bfloat16" if r["kv_format"] == "plain" else r["kv_format"]): r
+             for r in probe["results"]}
+    rows = []
+    for r in sweep["format_sweep"]:
+        step = steps.get(r["kv_format"], {})
+        rows.append({**{k: r[k] for k in ("kv_format", "tokens_of_room", "max_requests_held",
+                                          "preemptions", "steps", "output_tok_s")},
+                     "decode_graph_ms": step.get("decode_graph_ms"),
+                     "kernels_per_layer": step.get("decode_kernels_per_layer")})
+    return rows
+
+
 def load_smollm2_samples(path: Path = SAMPLES) -> dict:
     """The committed SmolLM2-135M K/V samples (see tools/extract_smollm2_kv.py) as tensors:
     ``k``, ``v`` float32 [3 layers, 256 tokens, 3 kv heads, 64]; ``layers``; ``k_amax``,

@@ -68,10 +68,16 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     """Scatter token ``i``'s K/V (``[num_tokens, num_kv_heads, head_dim]``) to slot
     ``slot_mapping[i]`` (int64, on the cache's device). The unchecked path (no read-back):
     the engine builds the slots itself, and this runs inside CUDA graphs. A quantised cache
-    (:class:`paged_ref.QuantizedKV`) quantises the tokens on the way in."""
+    (:class:`paged_ref.QuantizedKV`) quantises the tokens on the way in: on a GPU in one Triton
+    kernel for K and V (the same bytes as ``write_slots``, which a CPU runs)."""
     if isinstance(k_cache, QuantizedKV):
-        write_slots(k_cache, k, slot_mapping)
-        write_slots(v_cache, v, slot_mapping)
+        if k_cache.data.is_cuda:  # (imported here: Triton is only needed where a GPU is)
+            from paged_ref.kernels.triton_quant_write import quant_write_triton
+
+            quant_write_triton(k_cache, v_cache, k, v, slot_mapping)
+        else:
+            write_slots(k_cache, k, slot_mapping)
+            write_slots(v_cache, v, slot_mapping)
         return
     write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
 

@@ -130,3 +130,22 @@ def test_scoring_through_the_triton_kernel_and_under_noise(tiny, generations):
     assert torch.equal(noisy[0], noisy[1]) and not torch.equal(noisy[0], noisy[2])
     assert not torch.allclose(noisy[0], plain, atol=1e-5)
     torch.testing.assert_close(noisy[0], plain, atol=0.05, rtol=0)  # 0.1 % noise: small moves
+
+
+def test_same_memory_in_the_engine_and_the_lesson_reading_of_it():
+    """Lesson 10's measured "tokens that fit": room and requests held follow the bytes, tokens
+    per second do not, and the decode step's extra kernels are the quantising write's (the
+    numbers its text gives: 11 more kernels a layer for FP8, 43 for INT4)."""
+    from paged_ref.course import quant_study
+
+    rows = {r["kv_format"]: r for r in quant_study.engine_format_rows()}
+    plain, fp8, int4 = rows["bfloat16"], rows["fp8"], rows["int4"]
+    assert fp8["tokens_of_room"] == 2 * plain["tokens_of_room"]
+    assert int4["tokens_of_room"] > 3 * plain["tokens_of_room"]
+    assert plain["max_requests_held"] < fp8["max_requests_held"] < int4["max_requests_held"] == 256
+    assert plain["steps"] > fp8["steps"] > int4["steps"]
+    assert int4["output_tok_s"] < plain["output_tok_s"] < fp8["output_tok_s"] < 1.2 * plain[
+        "output_tok_s"]
+    assert round(fp8["kernels_per_layer"] - plain["kernels_per_layer"]) == 11
+    assert round(int4["kernels_per_layer"] - plain["kernels_per_layer"]) == 43
+    assert plain["decode_graph_ms"] < fp8["decode_graph_ms"] < int4["decode_graph_ms"]

@@ -5,8 +5,12 @@ A token's codes and scales depend on its own K/V only, so how the scheduler cuts
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+
+from paged_ref import _device
 
 pytest.importorskip("transformers")
 
@@ -53,7 +57,8 @@ def test_triton_kernels_on_a_quantised_cache_match_torch(tiny, fmt, monkeypatch)
     run = triton_prefill.paged_prefill_triton
     monkeypatch.setattr(triton_prefill, "paged_prefill_triton",
                         lambda *a, **k: calls.append(1) or run(*a, **k))
-    runs = [Engine(tiny, num_blocks=32, block_size=8, kv_format=fmt, attention_backend=backend)
+    model = copy.deepcopy(tiny).to(_device.triton_device())  # (compiled kernels on a GPU)
+    runs = [Engine(model, num_blocks=32, block_size=8, kv_format=fmt, attention_backend=backend)
             .generate(prompts, outputs, ignore_eos=True) for backend in ("torch", "triton")]
     assert calls, "the engine's prefill did not run the Triton kernel"
     assert runs[0] == runs[1]

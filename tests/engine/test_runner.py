@@ -177,3 +177,34 @@ def test_runner_uses_fused_ops_and_leaves_the_model_alone(tiny, case, monkeypatc
 def test_bad_fused_backend_is_a_value_error(tiny):
     with pytest.raises(ValueError, match="fused_backend"):
         Engine(tiny, num_blocks=8, fused_backend="fast")
+
+
+def test_format_sweep_buys_blocks_by_bytes(tiny, tmp_path, monkeypatch):
+    """The same KV memory in each format: blocks in proportion to the bytes a token takes
+    (scales included), the whole workload served in each, more room holding more requests. A
+    planted sweep that sizes every pool by the plain cache's bytes is caught."""
+    from paged_ref.cache_math import kv_bytes_per_token
+    from paged_ref.course import bench_engine
+    from paged_ref.quant import KVFormat
+    from tests.mutations.mutate import mutant_of
+
+    cfg = tiny.config
+    shape = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
+                 head_dim=cfg.head_dim)
+    rows = bench_engine.format_sweep(tiny, 0.25, ["plain", "fp8", "fp8_token_head"], n=24,
+                                     seed=0, max_len=128, max_new=40)
+    assert [r["kv_format"] for r in rows] == ["float32", "fp8", "fp8_token_head"]
+    for r, fmt in zip(rows, (torch.float32, KVFormat.parse("fp8"),
+                             KVFormat.parse("fp8_token_head")), strict=True):
+        assert r["bytes_per_token"] == kv_bytes_per_token(**shape, dtype=fmt)
+        assert r["num_blocks"] == int(0.25 * 2**20 // (r["bytes_per_token"] * 16))
+        assert r["tokens_of_room"] == 16 * r["num_blocks"]
+    assert {r["output_tokens"] for r in rows} == {24 * 40}  # every pool served every request
+    assert rows[1]["num_blocks"] == 4 * rows[0]["num_blocks"]  # 1 byte a value against 4
+    assert rows[1]["max_requests_held"] > rows[0]["max_requests_held"]
+    assert rows[0]["preemptions"] > rows[1]["preemptions"]
+    same_bytes = [("dtype=fmt or model.dtype", "dtype=model.dtype")]
+    mutant = mutant_of(bench_engine, same_bytes, tmp_path, monkeypatch)
+    planted = mutant.format_sweep(tiny, 0.25, ["plain", "fp8"], n=24, seed=0, max_len=128,
+                                  max_new=40)
+    assert planted[1]["num_blocks"] != rows[1]["num_blocks"]
