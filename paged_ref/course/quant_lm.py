@@ -157,7 +157,7 @@ def decode_kernel(model, kv_format: str, device: str) -> str:
     from paged_ref.kernels.cuda_fp8 import cuda_refusal
     from paged_ref.quant import KVFormat
 
-    if kv_format not in FORMAT_NOTES or kv_format in ("float32", "bfloat16"):
+    if kv_format in ("float32", "bfloat16", "float16"):  # the baseline: the model's dtype
         return "plain cache: Triton on a GPU, torch on a CPU"
     cfg = model.config
     group = cfg.num_attention_heads // cfg.num_key_value_heads

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_ref.quant import FP8_MAX, INT4_MAX, QuantizedKV
+from paged_ref.quant import QuantizedKV
 
 FP8_TENSOR, FP8_TOKEN_HEAD, INT4 = 0, 1, 2
 
@@ -142,10 +142,10 @@ def quant_write_triton(k_cache: QuantizedKV, v_cache: QuantizedKV, k: torch.Tens
     stride_dt, stride_dh = _slot_strides(k_cache, "data")
     per_token = kind != FP8_TENSOR
     stride_st, stride_sh = _slot_strides(k_cache, "scale") if per_token else (0, 0)
-    for cache in (v_cache,):  # V's layout must be K's: one set of strides serves both
-        if _slot_strides(cache, "data") != (stride_dt, stride_dh) or (
-                per_token and _slot_strides(cache, "scale") != (stride_st, stride_sh)):
-            raise ValueError("k_cache and v_cache must have the same strides")
+    # V's layout must be K's: one set of strides serves both
+    if _slot_strides(v_cache, "data") != (stride_dt, stride_dh) or (
+            per_token and _slot_strides(v_cache, "scale") != (stride_st, stride_sh)):
+        raise ValueError("k_cache and v_cache must have the same strides")
     scales = (k_cache.scale, k_cache.zero if kind == INT4 else k_cache.scale,
               v_cache.scale, v_cache.zero if kind == INT4 else v_cache.scale)
     quant_write_kernel[(num_tokens,)](
@@ -155,5 +155,3 @@ def quant_write_triton(k_cache: QuantizedKV, v_cache: QuantizedKV, k: torch.Tens
         KIND=kind, NUM_HEADS=num_heads, H_PAD=triton.next_power_of_2(num_heads),
         HEAD_DIM=head_dim, GROUPS=groups)
 
-
-assert FP8_MAX == 448.0 and INT4_MAX == 15  # the constants the kernel writes out

@@ -7,6 +7,8 @@ each caught."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -95,6 +97,15 @@ def test_planted_mistakes_are_caught(mistake, tmp_path, monkeypatch):
         except AssertionError:
             caught = True
     assert caught, mistake
+
+
+def test_the_kernel_writes_out_the_quantisers_constants():
+    """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay quant.py's."""
+    from paged_ref.quant import FP8_MAX, INT4_MAX
+
+    source = inspect.getsource(triton_quant_write)
+    assert FP8_MAX == 448.0 and INT4_MAX == 15
+    assert "448.0" in source and "15.0" in source
 
 
 def test_layouts_it_cannot_write_are_errors():
