@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from paged_ref.course import ROOT
 from paged_ref.course.checks import relative_error
 from paged_ref.course.testing import make_paged_inputs
 from paged_ref.quant import FP8_DTYPE, KVFormat, dequantize, quantize
@@ -120,7 +121,7 @@ def quantise_samples(x: torch.Tensor, formats=FORMATS) -> dict[str, float]:
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "smollm2_kv_sample.npz"
 
 
-def bf16_perplexity_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
+def bf16_perplexity_rows(root: Path = ROOT) -> list[dict]:
     """SmolLM2 in bf16, per KV format, from three committed runs: the H200 through the kernels
     (``benchmarks/h200/quant_smollm2_h200_auto.json``: Triton prefill scores, the engine
     generates), the H200 with the torch backend scoring (``..._torch.json``), and a CPU with
@@ -151,7 +152,7 @@ def bf16_perplexity_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
     return rows
 
 
-def engine_format_rows(root: Path = SAMPLES.parents[1]) -> list[dict]:
+def engine_format_rows(root: Path = ROOT) -> list[dict]:
     """The same 360 MiB of KV memory in each format, in the engine (H200, SmolLM2's shape,
     random bf16 weights; ``benchmarks/h200/engine_formats_2026-12-01_torch_write.json``), with
     each format's decode step of 256 requests and its kernels a layer
