@@ -42,6 +42,11 @@ FORMAT_NOTES = {  # what each row's cache is (written into the JSON)
 }
 
 
+def format_label(model, kv_format) -> str:
+    """A row's name: the format, or for the baseline (None) the model's dtype ("float32")."""
+    return kv_format or str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 @torch.inference_mode()
 def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 512,
                  block_size: int = 16, backend: str = "torch", noise: float = 0.0,
@@ -114,9 +119,8 @@ def noise_sensitivity(model, tokenizer, *, formats=FORMATS, levels=(0.0, 0.002, 
             for seed in range(seeds if level else 1):
                 logps, _ = score_tokens(model, ids, kv_format=fmt, chunk=1024, noise=level,
                                         seed=seed)
-                rows.append({"kv_format": fmt or str(next(model.parameters()).dtype)
-                             .removeprefix("torch."), "noise": level, "seed": seed,
-                             "perplexity": perplexity(logps)})
+                rows.append({"kv_format": format_label(model, fmt), "noise": level,
+                             "seed": seed, "perplexity": perplexity(logps)})
                 print(rows[-1], flush=True)
     return rows
 
@@ -161,9 +165,9 @@ def decode_kernel(model, kv_format: str, device: str) -> str:
         return "plain cache: Triton on a GPU, torch on a CPU"
     cfg = model.config
     group = cfg.num_attention_heads // cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     why = cuda_refusal(KVFormat.parse(kv_format), next(model.parameters()).dtype, device,
-                       head_dim=cfg.hidden_size // cfg.num_attention_heads, group=group,
-                       block_size=16)
+                       head_dim=head_dim, group=group, block_size=16)  # (the runner's head_dim)
     return "cuda" if why is None else f"not cuda: {why}"
 
 
@@ -182,7 +186,7 @@ def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_pr
     for fmt in formats:
         logps, preds = score_tokens(model, ids, kv_format=fmt, chunk=1024, backend=backend)
         base_pred = preds if base_pred is None else base_pred
-        row = {"kv_format": fmt or str(next(model.parameters()).dtype).removeprefix("torch."),
+        row = {"kv_format": format_label(model, fmt),
                "perplexity": perplexity(logps), "passage_tokens": len(ids),
                "top1_agreement": float((preds == base_pred).double().mean()),
                "top1_positions": len(preds)}
