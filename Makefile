@@ -68,9 +68,9 @@ preflight:
 lint: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
 
-## GPU only: python -m paged_ref.bench
+## GPU only: python -m paged_bench
 bench: install
-	$(PY) -m paged_ref.course.bench
+	$(PY) -m paged_bench.decode
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis site

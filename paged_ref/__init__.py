@@ -10,14 +10,14 @@ Layouts: docs/contract.md and the docstrings.
 
 # Must come first: sets TRITON_INTERPRET=1 on machines without a GPU, before triton is imported.
 from paged_ref import _device  # noqa: F401, I001
-from paged_ref.allocator import BlockAllocator, OutOfBlocksError
+from paged_ref.memory.allocator import BlockAllocator, OutOfBlocksError
 from paged_ref.attention import BACKENDS, paged_attention
 from paged_ref.kv_write import write_kv
-from paged_ref.manager import KVCacheManager, hash_block_tokens
+from paged_ref.memory.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
-from paged_ref.storage import PagedKVCache
+from paged_ref.memory.storage import PagedKVCache
 
 __all__ = [
     "BACKENDS",

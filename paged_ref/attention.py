@@ -66,11 +66,11 @@ def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=
                                        scale=plan.scale, max_len=plan.max_seq_len)
         return result if out is None else out.copy_(result)
     if plan.split is None:
-        from paged_ref.kernels.triton_decode import paged_attention_triton
+        from paged_ref.kernels.triton.decode import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens,
                                       scale=plan.scale, out=out, max_seq_len=plan.max_seq_len)
-    from paged_ref.kernels.triton_split import paged_attention_split
+    from paged_ref.kernels.triton.split import paged_attention_split
 
     return paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens, scale=plan.scale,
                                  plan=plan.split, scratch=plan.scratch, out=out,
@@ -89,7 +89,7 @@ def checked_while_running(backend: str, shapes: Shapes, q, k_cache, v_cache, blo
     4. wait for the verdict only (a CUDA event after the check kernel): raise the named error
        if a check failed (rows of ``out`` with valid inputs may have been written then).
     """
-    from paged_ref.kernels.triton_checks import start_checks
+    from paged_ref.kernels.triton.checks import start_checks
 
     pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
     capacity = shapes.max_blocks_per_seq * shapes.block_size

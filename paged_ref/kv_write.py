@@ -81,7 +81,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, backend: str = "auto") -> 
     if backend == "auto":
         backend = "triton" if choose_prefill_backend(k) == "triton" else "torch"
     if backend == "triton":
-        from paged_ref.kernels.triton_store import write_kv_triton
+        from paged_ref.kernels.triton.store import write_kv_triton
         from paged_ref.plan import check_backend_usable
 
         check_backend_usable(backend, k.device)

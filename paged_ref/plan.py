@@ -88,7 +88,7 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
     GPU it is the hand-written CUDA kernels when they read the call (``cuda_refusal`` is
     ``None``: an FP8 or INT4 cache on a GPU with nvcc, see
     :func:`~paged_ref.kernels.cuda_fp8.cuda_refusal`), else the split kernel when
-    :func:`~paged_ref.kernels.triton_split.plan_split` cuts the longest sequence into more than
+    :func:`~paged_ref.kernels.triton.split.plan_split` cuts the longest sequence into more than
     one chunk, else the one-pass kernel. The split's chunk size comes from the current lengths;
     its chunk count covers ``max_seq_len`` (default ``max_len``), so lengths may grow up to it
     (CUDA graph replays). ``"cuda"`` asked for where they do not read the call: ValueError
@@ -107,7 +107,7 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
     if backend == "torch" or (backend == "auto" and (
             device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET)):
         return "torch", None
-    from paged_ref.kernels.triton_split import (
+    from paged_ref.kernels.triton.split import (
         FUSED_MERGE_MAX_CHUNKS,
         SplitPlan,
         num_multiprocessors,
@@ -163,7 +163,7 @@ def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.de
                           kv_format=kv_format, cuda=cuda)
     scratch = None
     if split is not None:
-        from paged_ref.kernels.triton_split import SplitScratch
+        from paged_ref.kernels.triton.split import SplitScratch
 
         scratch = SplitScratch.allocate(shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
                                         shapes.head_dim, split, device)

@@ -20,7 +20,7 @@ tokens before the queries; a decode step is ``q_len_b == 1`` (it sees everything
 ``causal=False`` lets every row see all ``seq_lens[b]`` positions.
 
 Backends: ``"torch"`` (gather, then dense masked attention: the reference), ``"triton"`` (the
-tiled kernel of :mod:`paged_ref.kernels.triton_prefill`), ``"auto"`` (``"triton"`` on a GPU,
+tiled kernel of :mod:`paged_ref.kernels.triton.prefill`), ``"auto"`` (``"triton"`` on a GPU,
 ``"torch"`` on a CPU). :func:`paged_prefill_reference` is the float64 answer for tests.
 """
 
@@ -190,8 +190,8 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths: Prefill
     sequences) read the cache faster than the prefill kernel's 16-row tiles (on the H200,
     B64_L4096: 4.28 vs 3.21 TB/s, ``benchmarks/h200/prefill.json``)."""
     from paged_ref.attention import choose_backend
-    from paged_ref.kernels.triton_decode import paged_attention_triton
-    from paged_ref.kernels.triton_split import paged_attention_split, plan_for_inputs
+    from paged_ref.kernels.triton.decode import paged_attention_triton
+    from paged_ref.kernels.triton.split import paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
 
     info = Lengths(lengths.max_seq_len, sum(lengths.seq_lens))
@@ -260,7 +260,7 @@ def paged_prefill(
         return prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
                                        query_start_loc, scale=scale, causal=causal,
                                        lengths=lengths)
-    from paged_ref.kernels.triton_prefill import paged_prefill_triton
+    from paged_ref.kernels.triton.prefill import paged_prefill_triton
     from paged_ref.plan import check_backend_usable
 
     check_backend_usable(backend, q.device)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from paged_ref.allocator import OutOfBlocksError
-from paged_ref.manager import KVCacheManager
-from paged_ref.storage import PagedKVCache
+from paged_ref.memory.allocator import OutOfBlocksError
+from paged_ref.memory.manager import KVCacheManager
+from paged_ref.memory.storage import PagedKVCache
 
 MODES = ("packed", "per_block", "per_layer")
 #: dtypes a header can name (index in this tuple goes over the wire).

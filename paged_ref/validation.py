@@ -146,7 +146,7 @@ def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Sha
     """Lengths and used table entries; returns the longest and total length.
 
     Reads values back from the device once (one sync). On a GPU one Triton kernel
-    (:mod:`paged_ref.kernels.triton_checks`) reduces them to four numbers per 16 sequences.
+    (:mod:`paged_ref.kernels.triton.checks`) reduces them to four numbers per 16 sequences.
     Otherwise tables up to ``HOST_CHECK_MAX_ENTRIES`` entries go to the host in one copy and are
     checked there with NumPy (a dozen tiny torch ops cost ten times that); larger ones are
     reduced with torch ops to one small tensor. Either way the checks see the tensors' logical
@@ -155,7 +155,7 @@ def check_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, shapes: Sha
     if shapes.batch == 0:
         return Lengths(0, 0)
     if checks_on_device(seq_lens):  # one kernel
-        from paged_ref.kernels.triton_checks import length_stats
+        from paged_ref.kernels.triton.checks import length_stats
 
         return lengths_from_stats(
             length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks),

@@ -9,7 +9,7 @@ Each warm-up is one idea that Exercise 4.2 and 4.3 combine:
 
 Every launcher returns plain tensors, so you can look at what your kernel read: feed it an
 *address probe* (a tensor whose element at flat index ``a`` holds ``a + 1``) and every value
-it loaded names the address it came from; ``paged_ref.course.viz.draw_memory_reads`` draws
+it loaded names the address it came from; ``paged_course.viz.draw_memory_reads`` draws
 them. In Triton, a ``tl.load`` reads every lane whose mask is on (or every lane, without a
 mask), whatever the data there is: a missed mask shows up in the picture as reads outside the
 data, and on a GPU as garbage or a crash.

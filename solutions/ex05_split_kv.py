@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
-from paged_ref.kernels.triton_decode import load_group_queries  # given: the GQA group's q
+from paged_ref.kernels.triton.decode import load_group_queries  # given: the GQA group's q
 
 from .ex04_triton_paged_decode import load_kv_tile  # noqa: F401  (lesson 04 Ex 4.2: yours)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from paged_ref.cache_math import cdiv  # noqa: F401  (you use it in Exercise 6.1)
-from paged_ref.kernels.triton_split import SplitPlan, plan_split  # noqa: F401  (Exercise 6.1)
+from paged_ref.kernels.triton.split import SplitPlan, plan_split  # noqa: F401  (Exercise 6.1)
 
 
 def plan_split_for_host_lengths(

@@ -15,9 +15,9 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_paged_inputs
 from paged_ref import paged_attention
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_paged_inputs
 
 #: Backends checked here. On a CPU the Triton ones run in Triton's interpreter, which is why
 #: every case below is small. (Their split into several chunks is in test_triton_split.py.)

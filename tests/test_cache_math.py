@@ -61,8 +61,8 @@ def test_default_scale_and_bytes():
 def test_bytes_per_token_of_a_quantised_cache(name, per_head):
     """Codes plus per-token scales, the one formula behind PagedKVCache.bytes_per_token and
     the benchmark inputs' kv_bytes."""
+    from paged_course.testing import make_paged_inputs
     from paged_ref import KVFormat, PagedKVCache
-    from paged_ref.course.testing import make_paged_inputs
 
     fmt = KVFormat.parse(name)
     per_token = cm.kv_bytes_per_token(num_layers=32, num_kv_heads=8, head_dim=128, dtype=fmt)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
 from paged_ref.attention import checked_while_running
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_checks import start_checks
-from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_ref.kernels.triton.checks import start_checks
+from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 from paged_ref.validation import check_shapes, check_values
 from tests.mutations.mutate import mutant_of
 
@@ -97,9 +97,9 @@ def test_pending_checks_on_the_cpu_need_no_event():
 
 
 KERNEL_MUTATIONS = [  # (module, line as written, planted mistake, runner)
-    ("triton_decode", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "one pass"),
-    ("triton_split", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "split + merge kernel"),
-    ("triton_split", "if (c == 0) & (seq_len == 0):", "if c == 0:", "split, fused merge"),
+    ("decode", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "one pass"),
+    ("split", "    if seq_len >= 0:\n", "    if seq_len >= -1:\n", "split + merge kernel"),
+    ("split", "if (c == 0) & (seq_len == 0):", "if c == 0:", "split, fused merge"),
 ]
 
 
@@ -108,10 +108,11 @@ KERNEL_MUTATIONS = [  # (module, line as written, planted mistake, runner)
 def test_planted_mistakes_in_the_skip_are_caught(module, old, new, runner, tmp_path,
                                                  monkeypatch):
     """A kernel that treats a rejected row (-1) as empty writes zeros over it: caught."""
-    from paged_ref import kernels
+    import importlib
 
-    mutant = mutant_of(getattr(kernels, module), [(old, new)], tmp_path, monkeypatch)
-    name = "paged_attention_triton" if module == "triton_decode" else "paged_attention_split"
+    real = importlib.import_module(f"paged_ref.kernels.triton.{module}")
+    mutant = mutant_of(real, [(old, new)], tmp_path, monkeypatch)
+    name = "paged_attention_triton" if module == "decode" else "paged_attention_split"
     monkeypatch.setitem(globals(), name, getattr(mutant, name))
     with pytest.raises(AssertionError):
         test_kernels_skip_a_row_of_length_minus_one(runner)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import paged_ref
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs, ragged_lengths
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
 # The input-layout tests of tests/test_inputs.py, compiled (they pick "cuda" when it exists;
 # collected here again so that this file alone is the GPU run).
@@ -124,7 +124,7 @@ def test_gpu_dispatch_picks_each_kernel():
 
 
 def test_gpu_small_plan_merges_in_one_launch_eagerly_and_two_when_captured():
-    from paged_ref.kernels.triton_split import capturing
+    from paged_ref.kernels.triton.split import capturing
 
     inp, plan = _planned("split_short")
     assert plan.split.eager_fused_merge and not plan.split.fused_merge
@@ -196,7 +196,7 @@ def test_gpu_unplanned_call_is_right_for_odd_layouts():
 
 @pytest.mark.parametrize("strided", [False, True])
 def test_gpu_value_check_kernel_counts_what_numpy_counts(strided):
-    from paged_ref.kernels.triton_checks import length_stats
+    from paged_ref.kernels.triton.checks import length_stats
     from tests.kernels.test_triton_checks import CASES, numpy_stats, random_case
 
     for seed, batch, width in CASES:

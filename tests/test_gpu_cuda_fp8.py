@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs, ragged_lengths
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs, ragged_lengths
 from paged_ref.kernels.cuda_fp8 import (
     cuda_fp8_available,
     paged_attention_cuda,
@@ -365,7 +365,7 @@ def test_engine_decodes_fp8_caches_with_the_cuda_kernels(monkeypatch):
     """The engine's decode steps (CUDA graphs) run the CUDA kernels on an FP8 cache, and give
     the tokens the Triton kernels give."""
     pytest.importorskip("transformers")
-    from paged_ref.course.bench_engine import build_model, workload
+    from paged_bench.engine import build_model, workload
     from paged_ref.engine import Engine
     from paged_ref.kernels import cuda_fp8
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_bench.prefill import SWEEP
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_prefill_inputs
 from paged_ref import KVFormat, QuantizedKV, paged_prefill, write_kv
-from paged_ref.course.bench_prefill import SWEEP
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_prefill_inputs
-from paged_ref.kernels.triton_prefill import PrefillConfig, paged_prefill_triton
+from paged_ref.kernels.triton.prefill import PrefillConfig, paged_prefill_triton
 from paged_ref.prefill import prefill_attention_torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import paged_ref
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs, ragged_lengths
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -77,7 +77,7 @@ def test_gpu_clean_flush_spares_a_reading_kernel_the_write_back():
     after ``read_flush`` (clean lines) it does not, so it is faster by microseconds, while a
     flush that reads must itself leave nothing to write back (a second read flush changes
     nothing)."""
-    from paged_ref.course.timing import clean_l2_ms, events_ms, read_flush, zero_flush
+    from paged_course.timing import clean_l2_ms, events_ms, read_flush, zero_flush
 
     x = torch.empty(75 * 2**20, dtype=torch.int32, device="cuda").random_()
 
@@ -99,8 +99,8 @@ def test_gpu_bench_timer_sees_the_kernels_not_the_host():
     GPU machine's host, the bench read 75 us for it, its CUDA graph 57 us
     (``benchmarks/h200/host_cost_probe_2026-12-01_before.json``). The same calls replayed as
     one CUDA graph cost the host nothing: the two timings must agree."""
-    from paged_ref.course.bench import CASES, SHAPE
-    from paged_ref.course.timing import time_ms
+    from paged_bench.decode import CASES, SHAPE
+    from paged_course.timing import time_ms
     from paged_ref.kernels import cuda_fp8
 
     if not cuda_fp8.cuda_fp8_available():

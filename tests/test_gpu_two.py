@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_course import two_ranks
 from paged_ref import transfer
-from paged_ref.course import two_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 

@@ -15,12 +15,12 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
 from paged_ref import paged_attention
 from paged_ref.cache_math import cdiv, token_slots
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = KernelConfig(tile=16)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_ref.course.checks import assert_equal
+from paged_course.checks import assert_equal
 from paged_ref.kv_write import write_kv
 
 

@@ -19,9 +19,9 @@ from hypothesis.stateful import (
 )
 
 import paged_ref
+from paged_course.checks import assert_close
 from paged_ref import KVCacheManager, OutOfBlocksError
-from paged_ref.course.checks import assert_close
-from paged_ref.manager import CacheStats, blocks_needed
+from paged_ref.memory.manager import CacheStats, blocks_needed
 from paged_ref.reference import paged_attention_reference
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import paged_ref
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
 from paged_ref import paged_attention, plan_decode
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels import triton_split
-from paged_ref.kernels.triton_split import SplitPlan
+from paged_ref.kernels.triton import split as triton_split
+from paged_ref.kernels.triton.split import SplitPlan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=8)

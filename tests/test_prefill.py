@@ -14,9 +14,9 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close
+from paged_course.testing import make_prefill_inputs
 from paged_ref import paged_prefill
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_prefill_inputs
 from paged_ref.prefill import paged_prefill_reference
 
 BACKENDS_UNDER_TEST = ["torch", "triton"]
@@ -67,7 +67,7 @@ def test_scale(backend, scale):
 
 def test_decode_is_one_query_row():
     """With one query row per sequence, prefill is paged decode attention."""
-    from paged_ref.course.testing import make_paged_inputs
+    from paged_course.testing import make_paged_inputs
 
     dec = make_paged_inputs([5, 33, 16], num_q_heads=8, num_kv_heads=2, seed=4)
     starts = torch.arange(4, dtype=torch.int32)

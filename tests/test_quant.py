@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_course.checks import assert_close, assert_equal
 from paged_ref import KVFormat, PagedKVCache, QuantizedKV, dequantize, quantize
-from paged_ref.course.checks import assert_close, assert_equal
 from paged_ref.quant import FP8_MAX, pack_int4, unpack_int4
 
 FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g64"]
@@ -167,7 +167,7 @@ def test_quantized_kv_names_the_bad_part():
 
 def test_dequantized_cache_matches_its_reference():
     """The float64 reference of a quantised cache is the reference of its de-quantised values."""
-    from paged_ref.course.testing import make_paged_inputs
+    from paged_course.testing import make_paged_inputs
 
     inp = make_paged_inputs([9, 20], block_size=8, seed=6)
     for name in FORMATS:

@@ -13,10 +13,10 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_paged_inputs
 from paged_ref import QuantizedKV, paged_attention, quantize
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

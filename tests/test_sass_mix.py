@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from paged_ref.course import ROOT
+from paged_course import ROOT
 
 
 def test_bf16_kernel_compiles_for_sm90_and_uses_ldmatrix(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paged_ref import KVCacheManager, OutOfBlocksError, PagedKVCache
-from paged_ref.manager import hash_block_tokens
+from paged_ref.memory.manager import hash_block_tokens
 
 
 def snapshot(m: KVCacheManager):

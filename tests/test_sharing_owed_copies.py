@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import paged_ref.manager
+import paged_ref.memory.manager
 from paged_ref import KVCacheManager, OutOfBlocksError, PagedKVCache
 
 
@@ -177,8 +177,8 @@ MISTAKES = {
 
 
 def mutated_manager(old: str, new: str):
-    """``KVCacheManager`` from ``paged_ref/manager.py`` with ``old`` replaced by ``new``."""
-    source = Path(paged_ref.manager.__file__).read_text()
+    """``KVCacheManager`` from ``paged_ref/memory/manager.py`` with ``old`` replaced by ``new``."""
+    source = Path(paged_ref.memory.manager.__file__).read_text()
     assert source.count(old) == 1, f"{old!r} must occur once in manager.py (did it change?)"
     module = types.ModuleType("paged_ref._manager_mutant")
     sys.modules[module.__name__] = module  # dataclasses look their module up

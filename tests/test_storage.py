@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
+from paged_course.checks import assert_equal
 from paged_ref import KVCacheManager, PagedKVCache
-from paged_ref.course.checks import assert_equal
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_course import two_ranks
 from paged_ref import KVCacheManager, PagedKVCache, transfer
-from paged_ref.course import two_ranks
 
 
 def _filled_cache(seed: int, num_blocks: int = 12, dtype=torch.float32) -> PagedKVCache:

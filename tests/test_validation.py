@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
+from paged_course.testing import make_paged_inputs
 from paged_ref import paged_attention
-from paged_ref.course.testing import make_paged_inputs
 
 BLOCK_SIZE = 8
 

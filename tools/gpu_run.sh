@@ -11,4 +11,4 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -m pytest tests/test_gpu.py -q -o addopts= -p no:cacheprovider -x 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-python3 -m paged_ref.course.bench --out "$OUT/bench.json" "$@" 2>&1 | grep -v "^cases:"
+python3 -m paged_bench.decode --out "$OUT/bench.json" "$@" 2>&1 | grep -v "^cases:"

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paged_ref.course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
-from paged_ref.kernels import triton_prefill  # noqa: E402
+from paged_course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
+from paged_ref.kernels.triton import prefill as triton_prefill  # noqa: E402
 
 #: format -> (KV_FORMAT, cache dtype, scale dtype, scale strides (block, token, head))
 FORMATS = {

@@ -88,7 +88,7 @@ def check_paged_ref(r: Report) -> None:
         import torch
 
         import paged_ref
-        from paged_ref.course.testing import make_paged_inputs
+        from paged_course.testing import make_paged_inputs
     except Exception as err:  # noqa: BLE001
         r.fail("paged_ref", f"cannot import ({type(err).__name__}: {err}); run `make install`")
         return

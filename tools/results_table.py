@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from paged_ref.course.results import load_results, markdown_table
+from paged_course.results import load_results, markdown_table
 
 if __name__ == "__main__":
     print(markdown_table(load_results(sys.argv[1] if len(sys.argv) > 1 else "bench")))

@@ -1,7 +1,7 @@
 """What the compiler made of the decode kernels for an H100/H200 (sm_90), on a machine with no GPU.
 
 This compiles ``paged_decode_kernel`` for a few cache formats and launch configs
-(:mod:`paged_ref.course.sm90`), specialised as a launch on the standard shape would be (32
+(:mod:`paged_course.sm90`), specialised as a launch on the standard shape would be (32
 query / 8 KV heads, head_dim 128, blocks of 16, bf16 q; pointers and strides divisible by 16),
 and reads the machine code (SASS): registers a thread, shared memory, and how many
 instructions of each kind the kernel holds (static counts; the token loop is most of the
@@ -32,9 +32,9 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from paged_ref.course.results import environment, write_result  # noqa: E402
-from paged_ref.course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
-from paged_ref.kernels import triton_decode  # noqa: E402
+from paged_course.results import environment, write_result  # noqa: E402
+from paged_course.sm90 import compile_sm90, paged_kernel_values, sass_report  # noqa: E402
+from paged_ref.kernels.triton import decode as triton_decode  # noqa: E402
 
 #: Instruction kinds reported (the rest are counted in ``total``).
 KINDS = ("LDS", "LDSM", "LDGSTS", "LDG", "STS", "HMMA", "F2FP", "IMAD", "MUFU", "SHFL")

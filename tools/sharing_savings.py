@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/sharing_savings.py [--requests 100] [--out benchmarks/cpu/sharing.json]
 
-Runs :mod:`paged_ref.course.sharing_sim` (plain Python, the real KVCacheManager; minutes on a
+Runs :mod:`paged_course.sharing_sim` (plain Python, the real KVCacheManager; minutes on a
 CPU) and writes one JSON with the savings table (ours next to the PagedAttention paper's) and
 the system-prompt runs (hit rate, requests running at once, with and without prefix caching).
 """
@@ -13,8 +13,8 @@ import argparse
 import datetime
 import platform
 
-from paged_ref.course import sharing_sim
-from paged_ref.course.results import write_result
+from paged_course import sharing_sim
+from paged_course.results import write_result
 
 
 def main(argv=None) -> int:

@@ -7,8 +7,8 @@ configs for triton_split, and the launch overhead of each backend.
 
 Prints one line per variant: ms (do_bench median, L2 flushed), ms with CUDA-graph replay, and
 CPU microseconds per call (the Python launch path). The variants are the benchmark's own
-(:func:`paged_ref.course.bench.our_runners`, the same launch path and labels) and so are the
-timers (:mod:`paged_ref.course.timing`); this script only picks the grid and prints.
+(:func:`paged_bench.decode.our_runners`, the same launch path and labels) and so are the
+timers (:mod:`paged_course.timing`); this script only picks the grid and prints.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from paged_ref.course import timing
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved, flashinfer_runners, our_runners
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_decode import KernelConfig
+from paged_bench.decode import CASES, SHAPE, bytes_moved, flashinfer_runners, our_runners
+from paged_course import timing
+from paged_course.testing import make_paged_inputs
+from paged_ref.kernels.triton.decode import KernelConfig
 
 
 def host_breakdown(inp) -> None:
     """Host microseconds per call of each step of the public launch path, outermost last."""
     from paged_ref.attention import paged_attention
-    from paged_ref.kernels.triton_decode import launch_constants, paged_attention_triton
-    from paged_ref.kernels.triton_split import paged_attention_split, plan_for_inputs
+    from paged_ref.kernels.triton.decode import launch_constants, paged_attention_triton
+    from paged_ref.kernels.triton.split import paged_attention_split, plan_for_inputs
     from paged_ref.validation import Lengths
 
     args = inp.args()

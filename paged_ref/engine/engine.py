@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from paged_ref.allocator import check_int
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine import ops
 from paged_ref.engine.request import Request
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler, SchedulerOutput
+from paged_ref.memory.allocator import check_int
 
 #: Show a progress bar when a call generates at least this many tokens (``progress=None``).
 PROGRESS_MIN_TOKENS = 4096

@@ -12,7 +12,7 @@ Shapes: ``h``, ``delta`` ``[T, hidden]`` (T tokens of the step); ``qkv`` ``[T, (
 
 ``backend="torch"`` is Hugging Face's own arithmetic (``LlamaRMSNorm``, ``apply_rotary_pos_emb``,
 ``act_fn(gate) * up``, the cache write of :func:`paged_ref.engine.ops.write_kv`): the CPU path
-and the reference. ``backend="triton"`` runs :mod:`paged_ref.kernels.triton_fused` (compiled on a
+and the reference. ``backend="triton"`` runs :mod:`paged_ref.kernels.triton.fused` (compiled on a
 GPU, in Triton's interpreter on CPU tensors), the same arithmetic with the same roundings.
 ``"auto"``: Triton on a CUDA device, torch elsewhere. Nothing here reads a value back or
 allocates by value, so every op runs inside a CUDA graph; inputs are not checked (the runner
@@ -58,7 +58,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     """The residual stream after adding ``delta`` (``h`` itself when ``delta`` is None), and
     that stream RMS-normalised and scaled by ``weight`` (as ``LlamaRMSNorm``)."""
     if choose_backend(backend, h.device) == "triton":
-        from paged_ref.kernels.triton_fused import add_rms_norm_triton
+        from paged_ref.kernels.triton.fused import add_rms_norm_triton
 
         return add_rms_norm_triton(h.contiguous(), None if delta is None else
                                    delta.contiguous(), weight, eps)
@@ -87,7 +87,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
         ops.write_kv(k_cache, v_cache, k, v.contiguous(), slot_mapping)
         return q
-    from paged_ref.kernels.triton_fused import rope_write_triton
+    from paged_ref.kernels.triton.fused import rope_write_triton
 
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     if isinstance(k_cache, torch.Tensor) and k_cache.dtype == qkv.dtype:
@@ -102,7 +102,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
 def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` where ``gate_up`` is ``[T, 2 I]`` = ``[gate | up]``; ``[T, I]``."""
     if choose_backend(backend, gate_up.device) == "triton":
-        from paged_ref.kernels.triton_fused import silu_mul_triton
+        from paged_ref.kernels.triton.fused import silu_mul_triton
 
         return silu_mul_triton(gate_up.contiguous())
     gate, up = gate_up.chunk(2, dim=-1)

@@ -21,11 +21,11 @@ import torch
 
 from paged_ref.attention import paged_attention
 from paged_ref.kv_write import write_kv_torch
-from paged_ref.manager import KVCacheManager
+from paged_ref.memory.manager import KVCacheManager
+from paged_ref.memory.storage import PagedKVCache
 from paged_ref.plan import plan_decode as _plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.quant import QuantizedKV, write_slots
-from paged_ref.storage import PagedKVCache
 
 
 def new_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool,
@@ -72,7 +72,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     kernel for K and V (the same bytes as ``write_slots``, which a CPU runs)."""
     if isinstance(k_cache, QuantizedKV):
         if k_cache.data.is_cuda:  # (imported here: Triton is only needed where a GPU is)
-            from paged_ref.kernels.triton_quant_write import quant_write_triton
+            from paged_ref.kernels.triton.quant_write import quant_write_triton
 
             quant_write_triton(k_cache, v_cache, k, v, slot_mapping)
         else:

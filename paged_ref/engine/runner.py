@@ -21,7 +21,7 @@ stream, ``x`` its normalised copy that the next sub-block reads):
 Transformers' own modules launch 41 kernels a layer in bf16 (each RMS norm 8 elementwise ops,
 rotary 5 per tensor, three q/k/v GEMMs, ...); in a decode step each costs a few microseconds even
 in a CUDA graph, far more than its bytes. On a GPU the fused ops are Triton kernels
-(:mod:`paged_ref.kernels.triton_fused`); on a CPU they are the same torch ops transformers runs.
+(:mod:`paged_ref.kernels.triton.fused`); on a CPU they are the same torch ops transformers runs.
 
 All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. There is no Hugging Face cache object.
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine import fused, ops
-from paged_ref.storage import PagedKVCache
+from paged_ref.memory.storage import PagedKVCache
 
 
 @dataclass

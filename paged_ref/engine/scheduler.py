@@ -32,11 +32,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from paged_ref.allocator import OutOfBlocksError
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine import ops
 from paged_ref.engine.policy import admit_count, choose_victim
 from paged_ref.engine.request import Request, Status
+from paged_ref.memory.allocator import OutOfBlocksError
 
 PREEMPTION_MODES = ("recompute", "swap")
 

@@ -1,4 +1,4 @@
-"""What the benchmark suites share (paged_ref.course.bench_common), on a CPU: the command line,
+"""What the benchmark suites share (paged_bench.common), on a CPU: the command line,
 the check-then-time loop, FlashInfer's page table; and every suite's --help and CPU answer."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from paged_ref import bench as entry
-from paged_ref.course import bench_common
-from paged_ref.course.timing import wall_ms
+from paged_bench import __main__ as entry
+from paged_bench import common as bench_common
+from paged_course.timing import wall_ms
 
 
 def test_suite_parser_defaults_and_lists():
@@ -20,7 +20,7 @@ def test_suite_parser_defaults_and_lists():
     assert (args.cases, args.backends, args.out) == (["a", "b"], ["t", "u"], Path("x.json"))
     args = p.parse_args(["--cases", "b,", "--backends", "", "--out", "o/r.json"])
     assert (args.cases, args.backends, args.out) == (["b"], [], Path("o/r.json"))
-    assert p.description == "first line" and p.prog.endswith("--suite x")
+    assert p.description == "first line" and p.prog.endswith("paged_bench x")
 
 
 @pytest.mark.parametrize("argv, message", [(["--cases", "a,zz"], "unknown case zz"),
@@ -70,15 +70,16 @@ def test_flashinfer_page_table_ragged_with_garbage():
 @pytest.mark.parametrize("suite", ["decode", "prefill", "quant", "engine", "transfer"])
 def test_every_suite_has_help(suite, capsys):
     with pytest.raises(SystemExit) as exc:
-        entry.main(["--suite", suite, "--help"])
+        entry.main([suite, "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert f"--suite {suite}" in out and "--out" in out
+    assert f"paged_bench {suite}" in out and "--out" in out
 
 
 def test_entry_point_refuses_unknown_suites(capsys):
-    assert entry.main(["--suite", "common"]) == 2  # bench_common is no suite
-    assert entry.main(["--suite", "nope"]) == 2
+    assert entry.main(["common"]) == 2  # what the suites share is no suite
+    assert entry.main(["nope"]) == 2
+    assert entry.main([]) == 2
     assert "unknown suite 'nope'" in capsys.readouterr().err
 
 
@@ -91,7 +92,7 @@ def test_suites_refuse_without_a_gpu_and_say_what_they_would_measure(suite, argv
                                                                        capsys):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the benchmark runs")
-    assert entry.main(["--suite", suite, *argv]) == 2
+    assert entry.main([suite, *argv]) == 2
     out = capsys.readouterr().out
     assert all(text in out for text in ["No CUDA GPU", *expected]), out
 
@@ -99,7 +100,7 @@ def test_suites_refuse_without_a_gpu_and_say_what_they_would_measure(suite, argv
 def test_events_ms_times_only_the_call_after_its_warm_up(monkeypatch):
     """``before()`` runs ahead of every call and is not timed; warm-up calls are dropped; the
     median of the rest is returned (CUDA events stood in for by a clock the calls advance)."""
-    from paged_ref.course import timing
+    from paged_course import timing
 
     clock = {"now": 0.0}
 

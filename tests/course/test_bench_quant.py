@@ -6,10 +6,10 @@ import json
 
 import torch
 
-from paged_ref.course import bench_quant
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_decode import KernelConfig
+from paged_bench import quant as bench_quant
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
+from paged_ref.kernels.triton.decode import KernelConfig
 
 
 def test_runners_and_reference_agree_for_every_format():
@@ -83,7 +83,7 @@ def test_clean_l2_timer_flushes_by_reading_and_times_as_many_calls_as_do_bench(m
     call (zeroing would leave dirty lines: the bias it exists to remove) and time ~200 ms of
     calls after ~25 ms of warm-up (100 calls were too few to be steady on the H200); a stand-in
     for the CUDA-event timer records what it was asked."""
-    from paged_ref.course import timing
+    from paged_course import timing
 
     asked = []
 
@@ -106,7 +106,7 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
     """Lesson 10's ceiling table: per probe the fastest turn; the reader is the fastest ring that
     reads what the kernel reads (a codes-only ring reads fewer bytes and must not count); the
     85 % line is in microseconds for the kernel's bytes."""
-    from paged_ref.course.bench_quant import read_ceiling
+    from paged_bench.quant import read_ceiling
 
     def row(probe, ms, case="B64_L4096", **extra):
         return dict(case=case, probe=probe, ms=ms, bytes=300_000_000, **extra)
@@ -122,7 +122,7 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
     assert got["flat"]["ms"] == 0.081
     assert abs(got["bar_us"] - 300e6 / (0.85 * 4000e9) * 1e6) < 1e-9
     # the committed run: INT4 B64_L4096's best bare reader, and FP8's B1_L131072
-    from paged_ref.course import ROOT
+    from paged_course import ROOT
 
     with open(ROOT / "benchmarks/h200/int4_read_probe_2026-12-01.json") as f:
         committed = read_ceiling(json.load(f), "B64_L4096")

@@ -24,7 +24,8 @@ WRONG = "    return num_tokens // block_size\n"  # floor instead of ceiling: the
 def course_copy(tmp_path_factory) -> Path:
     """A copy of the course whose exercise 2.3 is solved in exercises/ (right) and solutions/."""
     root = tmp_path_factory.mktemp("course")
-    for folder in ("paged_ref", "exercises", "solutions", "tests", "notebooks"):
+    for folder in ("paged_ref", "paged_course", "paged_bench", "exercises", "solutions", "tests",
+                   "notebooks"):
         shutil.copytree(ROOT / folder, root / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.ipynb"))
     shutil.copy(ROOT / "pyproject.toml", root)
@@ -48,7 +49,7 @@ def plant(root: Path, folder: str, old: str, new: str) -> None:
 SCRIPT = """
 import time
 from pathlib import Path
-from paged_ref import course
+import paged_course as course
 assert course.ROOT == Path.cwd(), course.ROOT
 t = time.perf_counter()
 first = course.check("ex02_block_allocator", keyword="2_3")
@@ -77,7 +78,7 @@ def test_a_wrong_solution_fails_the_notebook_run(course_copy, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3",
                                                            "display_name": "Python 3"}})
-    nb.cells = [nbformat.v4.new_code_cell("from paged_ref import course\n"
+    nb.cells = [nbformat.v4.new_code_cell("import paged_course as course\n"
                                           'course.check("ex02_block_allocator", keyword="2_3");'),
                 nbformat.v4.new_code_cell('print("went on")')]
     notebook = course_copy / "notebooks" / "check_probe.ipynb"
@@ -97,7 +98,7 @@ def test_a_wrong_solution_fails_the_notebook_run(course_copy, tmp_path):
 
 def test_check_refuses_a_notebook_from_another_checkout(tmp_path, monkeypatch):
     """A kernel of one checkout must not check a notebook that lives in another one."""
-    from paged_ref import course
+    import paged_course as course
 
     other = tmp_path / "other"
     for folder in ("paged_ref", "exercises", "notebooks"):

@@ -1,4 +1,4 @@
-"""paged_ref.course.cost: the no-read-back guard, the step timings and the lesson's pictures."""
+"""paged_course.cost: the no-read-back guard, the step timings and the lesson's pictures."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import matplotlib
 import pytest
 import torch
 
-from paged_ref.course import cost
-from paged_ref.course.simulate import sample_requests
-from paged_ref.course.testing import make_paged_inputs
+from paged_course import cost
+from paged_course.simulate import sample_requests
+from paged_course.testing import make_paged_inputs
 
 matplotlib.use("Agg")
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]

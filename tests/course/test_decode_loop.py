@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_ref.course.decode_loop import (
+from paged_course.decode_loop import (
     ContiguousDecoder,
     PagedDecoder,
     TinyAttentionLayer,

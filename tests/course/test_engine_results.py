@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from paged_ref.course import ROOT
+from paged_course import ROOT
 
 H200 = ROOT / "benchmarks" / "h200"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged_ref.course import viz
+from paged_course import viz
 
 
 def test_explorer_output_carries_the_widget_and_a_picture(monkeypatch):

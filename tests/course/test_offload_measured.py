@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_ref.course import offload
+from paged_course import offload
 
 
 def fake(ratios: dict[int, float]) -> dict:

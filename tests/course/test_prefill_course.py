@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import paged_ref  # noqa: F401
+from paged_course.viz_prefill import classify_tiles, draw_causal_offset, draw_roofline
 from paged_ref.cache_math import attention_flops, visible_keys
-from paged_ref.course.viz_prefill import classify_tiles, draw_causal_offset, draw_roofline
 
 
 @pytest.mark.parametrize("seq_len, q_len", [(1, 1), (7, 7), (40, 13), (9, 1), (5, 0)])
@@ -45,8 +45,8 @@ def test_quant_table_of_the_committed_run():
     FP8 prefill, and many times faster than the torch backend the engine used before."""
     import json
 
-    from paged_ref.course import ROOT
-    from paged_ref.course.bench_prefill import quant_table
+    from paged_bench.prefill import quant_table
+    from paged_course import ROOT
 
     result = json.loads((ROOT / "benchmarks" / "h200" / "prefill_quant.json").read_text())
     table = quant_table(result)
@@ -69,8 +69,8 @@ def test_float16_dots_beat_the_first_bfloat16_build():
     """Lesson 10: the first build (bfloat16 dots) was 5-11 % slower on every case and format."""
     import json
 
-    from paged_ref.course import ROOT
-    from paged_ref.course.bench_prefill import quant_table
+    from paged_bench.prefill import quant_table
+    from paged_course import ROOT
 
     h200 = ROOT / "benchmarks" / "h200"
     now, first = (quant_table(json.loads((h200 / name).read_text())) for name in (
@@ -86,8 +86,8 @@ def test_suite_rows_over_quantised_caches_on_a_cpu(monkeypatch):
     de-quantised cache), and ``quant_table`` reads them back."""
     import torch
 
-    from paged_ref.course import bench_prefill
-    from paged_ref.course.bench_common import check_then_time
+    from paged_bench import prefill as bench_prefill
+    from paged_bench.common import check_then_time
 
     monkeypatch.setattr(bench_prefill, "DEVICE", "cpu")
     monkeypatch.setattr(bench_prefill, "SHAPE", dict(num_q_heads=4, num_kv_heads=2, head_dim=32,

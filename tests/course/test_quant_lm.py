@@ -1,4 +1,4 @@
-"""``paged_ref.course.quant_lm``: what a quantised cache costs a real model (the committed
+"""``paged_course.quant_lm``: what a quantised cache costs a real model (the committed
 SmolLM2 table), and the measures behind it checked on a tiny random Llama."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from paged_ref.course import ROOT
+from paged_course import ROOT
 
 pytest.importorskip("transformers")
 
-from paged_ref.course import quant_lm  # noqa: E402
-from paged_ref.course.bench_engine import build_model, workload  # noqa: E402
+from paged_bench.engine import build_model, workload  # noqa: E402
+from paged_course import quant_lm  # noqa: E402
 from tests.mutations.mutate import mutant_of  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def test_bf16_h200_runs_and_the_lesson_reading_of_them(tmp_path, monkeypatch):
     """Lesson 10's bf16 table: each H200 run's perplexities relative to its own bf16 cache, the
     CPU noise band, and the claims its text makes of them (a planted mix-up of the two runs'
     baselines is caught)."""
-    from paged_ref.course import quant_study
+    from paged_course import quant_study
 
     h200 = ROOT / "benchmarks" / "h200"
     runs = {name: {r["kv_format"]: r for r in json.loads(
@@ -136,7 +136,7 @@ def test_same_memory_in_the_engine_and_the_lesson_reading_of_it():
     """Lesson 10's measured "tokens that fit": room and requests held follow the bytes, tokens
     per second do not, and the decode step's extra kernels are the quantising write's (the
     numbers its text gives: 11 more kernels a layer for FP8, 43 for INT4)."""
-    from paged_ref.course import quant_study
+    from paged_course import quant_study
 
     rows = {r["kv_format"]: r for r in quant_study.engine_format_rows()}
     plain, fp8, int4 = rows["bfloat16"], rows["fp8"], rows["int4"]

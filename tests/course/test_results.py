@@ -1,4 +1,4 @@
-"""paged_ref.course.results / timing / syllabus: the notebooks' readers of committed results,
+"""paged_course.results / timing / syllabus: the notebooks' readers of committed results,
 their CPU timer and the lesson list, on the committed files and on small made-up ones."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from paged_ref.course import results, syllabus, timing  # noqa: E402
+from paged_course import results, syllabus, timing  # noqa: E402
 
 
 def _row(case, backend, ms, **extra):

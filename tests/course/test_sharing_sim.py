@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paged_ref.course import offload, sharing_sim
-from paged_ref.course.simulate import Requests
+from paged_course import offload, sharing_sim
+from paged_course.simulate import Requests
 
 
 def test_parallel_sampling_saving_is_the_shared_prompt_blocks():

@@ -1,11 +1,11 @@
-"""paged_ref.course.simulate: bytes per token, request sampling, the reservation simulation."""
+"""paged_course.simulate: bytes per token, request sampling, the reservation simulation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from paged_ref.course import simulate as S
+from paged_course import simulate as S
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""paged_ref.course.testing helpers and the float64 split-partials reference."""
+"""paged_course.testing helpers and the float64 split-partials reference."""
 
 from __future__ import annotations
 
 import torch
 
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import interleaved_cache, make_paged_inputs, stack_padded
+from paged_course.checks import assert_close
+from paged_course.testing import interleaved_cache, make_paged_inputs, stack_padded
 from paged_ref.reference import split_partials_reference
 
 

@@ -1,4 +1,4 @@
-"""paged_ref.course.viz: each picture is a Figure with the expected parts; explorer actions."""
+"""paged_course.viz: each picture is a Figure with the expected parts; explorer actions."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from paged_course import viz  # noqa: E402
 from paged_ref import KVCacheManager
-from paged_ref.course import viz  # noqa: E402
 
 
 def _gids(fig: Figure, prefix: str) -> list[str]:
@@ -83,7 +83,7 @@ def test_draw_masked_programs_counts_programs_and_masked_lanes():
 
 
 def test_draw_program_walk_follows_only_used_table_entries():
-    from paged_ref.course.testing import make_paged_inputs
+    from paged_course.testing import make_paged_inputs
 
     inp = make_paged_inputs([11, 19, 6, 14], num_q_heads=8, num_kv_heads=2, head_dim=16,
                             block_size=4, seed=4)
@@ -195,7 +195,7 @@ def test_explorer_number_boxes_fit_five_digits():
 
 
 def test_draw_memory_shares_stacks_to_the_whole_pool():
-    from paged_ref.course import simulate
+    from paged_course import simulate
 
     req = simulate.sample_requests(60, seed=0, max_len=256)
     results = simulate.compare_strategies(req, capacity_slots=1024, block_size=16)

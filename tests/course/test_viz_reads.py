@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged_ref.course import viz
+from paged_course import viz
 
 
 def test_reads_from_probe_names_the_addresses():

@@ -8,8 +8,8 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from paged_course import viz  # noqa: E402
 from paged_ref import KVCacheManager  # noqa: E402
-from paged_ref.course import viz  # noqa: E402
 
 
 def _gids(fig, prefix):

@@ -34,7 +34,7 @@ def prompts():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_greedy_matches_transformers(prompts, dtype, cuda_graphs):
-    from paged_ref.course.bench_engine import build_model
+    from paged_bench.engine import build_model
     from paged_ref.engine import Engine
 
     model = build_model("smollm2-135m", dtype=dtype)
@@ -55,7 +55,7 @@ def test_greedy_matches_transformers(prompts, dtype, cuda_graphs):
 
 
 def test_small_pool_preempts_and_matches(prompts):
-    from paged_ref.course.bench_engine import build_model
+    from paged_bench.engine import build_model
     from paged_ref.engine import Engine
 
     model = build_model("smollm2-135m", dtype=torch.float32)
@@ -69,7 +69,7 @@ def test_small_pool_preempts_and_matches(prompts):
 def test_fused_kernels_compiled_match_torch_ops(dtype):
     """The fused Triton kernels compiled (hidden 576, 9 / 3 heads, MLP 1536; and the 1B-like
     2048, 32 / 8, 8192): equal to the torch ops (transformers' arithmetic) up to rounding."""
-    from paged_ref.course.checks import assert_close
+    from paged_course.checks import assert_close
     from paged_ref.engine import fused
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -105,7 +105,7 @@ def test_fused_kernels_compiled_match_torch_ops(dtype):
 def test_decode_step_launches_few_kernels():
     """A decode step (SmolLM2's shape, bf16): ~10 kernels a layer (was 41 with transformers'
     modules), counted with torch.profiler."""
-    from paged_ref.course.bench_engine import build_model, decode_step_kernels
+    from paged_bench.engine import build_model, decode_step_kernels
     from paged_ref.engine import Engine
     from paged_ref.engine.runner import StepInputs
 

@@ -14,7 +14,7 @@ from paged_ref import _device
 
 pytest.importorskip("transformers")
 
-from paged_ref.course.bench_engine import build_model, workload  # noqa: E402
+from paged_bench.engine import build_model, workload  # noqa: E402
 from paged_ref.engine import Engine  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def test_quantised_cache_changes_little(tiny):
 def test_triton_kernels_on_a_quantised_cache_match_torch(tiny, fmt, monkeypatch):
     """Prefill and decode through the Triton kernels (the interpreter here), de-quantising in
     registers, give the tokens of the torch backend (which de-quantises the gathered cache)."""
-    from paged_ref.kernels import triton_prefill
+    from paged_ref.kernels.triton import prefill as triton_prefill
 
     prompts, outputs = workload(3, tiny.config.vocab_size, seed=6, prompt_mean=20,
                                 output_mean=4, max_len=30)

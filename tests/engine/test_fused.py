@@ -1,6 +1,6 @@
 """The runner's fused ops (paged_ref.engine.fused) against transformers' own modules and a
 float64 reference: ``backend="torch"`` is transformers' arithmetic (equal bit for bit),
-``backend="triton"`` runs the kernels of paged_ref.kernels.triton_fused (Triton's interpreter on
+``backend="triton"`` runs the kernels of paged_ref.kernels.triton.fused (Triton's interpreter on
 a CPU, compiled on a GPU) on tiny shapes that are not powers of two (hidden 576, 9 / 3 heads,
 head_dim 80)."""
 
@@ -19,8 +19,8 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
     apply_rotary_pos_emb,
 )
 
+from paged_course.checks import assert_close  # noqa: E402
 from paged_ref import _device  # noqa: E402
-from paged_ref.course.checks import assert_close  # noqa: E402
 from paged_ref.engine import fused  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -128,7 +128,7 @@ def test_rope_write_matches_apply_rotary_pos_emb(backend, dtype, heads):
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_rope_write_into_a_quantised_cache(fmt):
     """The Triton path rotates into a buffer and quantises it in as the torch path does."""
-    from paged_ref.storage import PagedKVCache
+    from paged_ref.memory.storage import PagedKVCache
 
     qkv, cos, sin, _, slots = rope_case(4, 2, 32, torch.float32, seed=5)
     out = {}

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from paged_ref.course.bench_engine import build_model, workload  # noqa: E402
+from paged_bench.engine import build_model, workload  # noqa: E402
 from paged_ref.engine import Engine  # noqa: E402
 from paged_ref.engine.runner import ModelRunner, graph_buckets  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_graph_buckets():
 
 
 def test_step_recorder_draws_the_block_tables(tiny, case):
-    from paged_ref.course.engine_view import StepRecorder, describe
+    from paged_course.engine_view import StepRecorder, describe
 
     prompts, outputs, _ = case
     rec = StepRecorder()
@@ -102,7 +102,7 @@ def test_step_widget_without_ipywidgets_shows_the_last_step(tiny, case, monkeypa
     says so and returns the last step's picture; with nothing recorded, a clear error."""
     import sys
 
-    from paged_ref.course.engine_view import StepRecorder
+    from paged_course.engine_view import StepRecorder
 
     with pytest.raises(ValueError, match="no steps recorded"):
         StepRecorder().widget()
@@ -183,8 +183,8 @@ def test_format_sweep_buys_blocks_by_bytes(tiny, tmp_path, monkeypatch):
     """The same KV memory in each format: blocks in proportion to the bytes a token takes
     (scales included), the whole workload served in each, more room holding more requests. A
     planted sweep that sizes every pool by the plain cache's bytes is caught."""
+    from paged_bench import engine as bench_engine
     from paged_ref.cache_math import kv_bytes_per_token
-    from paged_ref.course import bench_engine
     from paged_ref.quant import KVFormat
     from tests.mutations.mutate import mutant_of
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from paged_ref import OutOfBlocksError
-from paged_ref.course.checks import assert_equal
+from paged_course.checks import assert_equal
 from tests.conftest import load_exercise
 
 SEEDS = range(5)

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_paged_inputs
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_paged_inputs
 from paged_ref.reference import contiguous_attention
 from paged_ref.reference import token_slots as slots_of_one_sequence
 from tests.conftest import load_exercise

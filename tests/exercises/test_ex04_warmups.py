@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from paged_ref import _device
-from paged_ref.course.checks import assert_close, assert_equal
+from paged_course.checks import assert_close, assert_equal
 from tests.conftest import load_exercise
 
 DEVICE = _device.triton_device()

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from paged_ref import _device
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_paged_inputs
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_paged_inputs
 from paged_ref.reference import token_slots
 from tests.conftest import load_exercise
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import paged_ref
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.cost import HostReadError, forbid_host_reads
-from paged_ref.course.testing import make_paged_inputs, ragged_lengths
-from paged_ref.kernels.triton_split import num_multiprocessors
+from paged_course.checks import assert_close, assert_equal
+from paged_course.cost import HostReadError, forbid_host_reads
+from paged_course.testing import make_paged_inputs, ragged_lengths
+from paged_ref.kernels.triton.split import num_multiprocessors
 from tests.conftest import load_exercise
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from paged_ref import _device
-from paged_ref.course.checks import assert_close, assert_equal
-from paged_ref.course.testing import make_prefill_inputs
+from paged_course.checks import assert_close, assert_equal
+from paged_course.testing import make_prefill_inputs
 from paged_ref.prefill import paged_prefill_reference
 from tests.conftest import load_exercise, run_kernel
 from tests.mutations.mutate import load_mutant

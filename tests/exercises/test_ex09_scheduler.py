@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from paged_ref.cache_math import blocks_needed
-from paged_ref.course.checks import assert_equal
+from paged_course.checks import assert_equal
 from paged_ref.engine.request import Request
 from paged_ref.engine.scheduler import Scheduler
 from tests.conftest import load_exercise

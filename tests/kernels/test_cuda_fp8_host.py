@@ -15,8 +15,8 @@ import pytest
 import torch
 import triton
 
-from paged_ref.course import banks
-from paged_ref.course.testing import make_paged_inputs
+from paged_course import banks
+from paged_course.testing import make_paged_inputs
 from paged_ref.kernels import cuda_fp8
 from paged_ref.quant import KVFormat
 
@@ -139,7 +139,7 @@ def test_ctypes_struct_matches_the_c_struct(tmp_path):
     assert offsets == [getattr(cuda_fp8._Args, f).offset for f in fields]
 
 
-# --- the swizzled shared-memory tiles (the model: paged_ref.course.banks) ----------------
+# --- the swizzled shared-memory tiles (the model: paged_course.banks) ----------------
 
 def test_swizzle_is_the_kernels():
     assert banks.SWIZZLE_SOURCE in cuda_fp8.SOURCE.read_text()
@@ -483,7 +483,7 @@ def test_plans_run_the_tma_ring_where_it_reads_the_launch(monkeypatch, capabilit
 
 def test_probes_spell_plan_keywords():
     """tools/gpu's probes read ``plan_cuda`` keywords from the environment this way."""
-    from paged_ref.course.bench_quant import plan_keywords
+    from paged_bench.quant import plan_keywords
 
     assert plan_keywords("chunk_len=512,stages=4") == {"chunk_len": 512, "stages": 4}
     assert plan_keywords("stages=4+defines=INT4_TMA=0|TMA_LAG=2", "+") == {

@@ -14,11 +14,13 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
 from paged_ref import _device
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels import kv_formats, triton_decode, triton_split
-from paged_ref.kernels.triton_decode import KernelConfig
+from paged_ref.kernels.triton import decode as triton_decode
+from paged_ref.kernels.triton import kv_formats
+from paged_ref.kernels.triton import split as triton_split
+from paged_ref.kernels.triton.decode import KernelConfig
 from tests.mutations.mutate import mutant_of
 
 PREFETCH = KernelConfig(tile=16, num_warps=4, num_stages=1, prefetch=True)
@@ -79,12 +81,12 @@ PLANTED = [  # (module, old, new, case id)
 def test_planted_prefetch_mistakes_are_caught(module, old, new, case_id, tmp_path, monkeypatch):
     if module == "kv_formats":  # the INT4 loop: the decode and split modules must import it
         formats = mutant_of(kv_formats, [(old, new)], tmp_path, monkeypatch)
-        monkeypatch.setitem(sys.modules, "paged_ref.kernels.kv_formats", formats)
+        monkeypatch.setitem(sys.modules, "paged_ref.kernels.triton.kv_formats", formats)
         decode = mutant_of(triton_decode, [], tmp_path, monkeypatch)
         assert decode.attend_tokens_int4 is formats.attend_tokens_int4
     else:
         decode = mutant_of(triton_decode, [(old, new)], tmp_path, monkeypatch)
-    monkeypatch.setitem(sys.modules, "paged_ref.kernels.triton_decode", decode)
+    monkeypatch.setitem(sys.modules, "paged_ref.kernels.triton.decode", decode)
     split = mutant_of(triton_split, [], tmp_path, monkeypatch)
     assert split.paged_attention_triton is decode.paged_attention_triton  # (one chunk: one pass)
     case = next(c for c in CASES if c[0] == case_id)

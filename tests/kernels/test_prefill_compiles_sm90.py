@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from paged_ref.course import ROOT
+from paged_course import ROOT
 
 ENV = {**os.environ, "TRITON_INTERPRET": "0"}
 
@@ -36,7 +36,7 @@ def test_a_kernel_the_compiler_rejects_is_caught(tmp_path):
         import triton
         import triton.language as tl
         sys.path.insert(0, {str(ROOT)!r})
-        from paged_ref.course.sm90 import compile_sm90
+        from paged_course.sm90 import compile_sm90
 
         @triton.jit
         def load(ptr, INT: tl.constexpr):

@@ -1,4 +1,4 @@
-"""paged_ref.kernels.triton_checks: the unplanned call's value checks as one kernel, against
+"""paged_ref.kernels.triton.checks: the unplanned call's value checks as one kernel, against
 the same checks done in NumPy (in the interpreter here; tests/test_gpu.py runs it compiled)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_ref.kernels import triton_checks
+from paged_ref.kernels.triton import checks as triton_checks
 from tests.mutations.mutate import mutant_of
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_prefill_inputs
-from paged_ref.kernels.triton_prefill import PrefillConfig, paged_prefill_triton
+from paged_course.checks import assert_close
+from paged_course.testing import make_prefill_inputs
+from paged_ref.kernels.triton.prefill import PrefillConfig, paged_prefill_triton
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

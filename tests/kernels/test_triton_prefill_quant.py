@@ -16,10 +16,10 @@ import zlib
 import pytest
 import torch
 
+from paged_course.checks import assert_close
+from paged_course.testing import make_prefill_inputs
 from paged_ref import paged_prefill
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_prefill_inputs
-from paged_ref.kernels import triton_prefill
+from paged_ref.kernels.triton import prefill as triton_prefill
 from tests.mutations.mutate import mutant_of
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -86,7 +86,7 @@ PLANTED = [
 @pytest.mark.parametrize("what, old, new, case_id", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_mistakes_are_caught(what, old, new, case_id, tmp_path, monkeypatch):
     mutant = mutant_of(triton_prefill, [(old, new)], tmp_path, monkeypatch)
-    monkeypatch.setitem(sys.modules, "paged_ref.kernels.triton_prefill", mutant)
+    monkeypatch.setitem(sys.modules, "paged_ref.kernels.triton.prefill", mutant)
     case = next(c for c in CASES if c[0] == case_id)
     inp, causal = _inputs(*case), case[9]
     out = paged_prefill(*inp.args(), causal=causal, backend="triton")

@@ -1,4 +1,4 @@
-"""paged_ref.kernels.triton_quant_write: the engine's quantising K/V write in one Triton kernel
+"""paged_ref.kernels.triton.quant_write: the engine's quantising K/V write in one Triton kernel
 (the interpreter here; on a GPU, compiled) writes the very bytes ``write_slots`` writes, for
 every format, input dtype, head count and head_dim, including the values where rounding is
 delicate: e4m3 and INT4 ties, saturation, subnormals, negative zero, all-zero and constant
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from paged_ref import _device
-from paged_ref.kernels import triton_quant_write
+from paged_ref.kernels.triton import quant_write as triton_quant_write
+from paged_ref.memory.storage import PagedKVCache
 from paged_ref.quant import write_slots
-from paged_ref.storage import PagedKVCache
 from tests.mutations.mutate import mutant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,7 +124,7 @@ def test_layouts_it_cannot_write_are_errors():
 @pytest.mark.skipif(DEVICE != "cuda" or _device.INTERPRET, reason="needs a CUDA GPU")
 def test_engine_decode_step_on_int4_launches_few_kernels():
     """The reason for the kernel: an INT4 decode step had 52 kernels a layer (9.5 plain)."""
-    from paged_ref.course.bench_engine import build_model, decode_step
+    from paged_bench.engine import build_model, decode_step
     from paged_ref.engine import Engine
 
     model = build_model("smollm2-135m")

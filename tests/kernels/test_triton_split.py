@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from paged_ref.course.checks import assert_close
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.triton_decode import KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan, paged_attention_split, plan_split
+from paged_course.checks import assert_close
+from paged_course.testing import make_paged_inputs
+from paged_ref.kernels.triton.decode import KernelConfig
+from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split, plan_split
 from tests.mutations.mutate import mutant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,7 +61,7 @@ def test_split_is_deterministic():
     assert torch.equal(a, b)
 
 
-STANDARD = {  # name: (batch, lengths) as in paged_ref.course.bench, 8 KV heads, 132 SMs
+STANDARD = {  # name: (batch, lengths) as in paged_bench.decode, 8 KV heads, 132 SMs
     "B64_L4096": [4096] * 64,
     "B8_L32768": [32768] * 8,
     "B1_L131072": [131072],
@@ -102,7 +102,7 @@ def test_only_small_plans_merge_in_the_split_kernel_when_run_eagerly():
 def test_an_eager_fused_plan_runs_fused_and_is_right():
     """Off a CUDA graph (always, in the interpreter) an eager_fused_merge plan takes the fused
     path: the counters it uses come back to zero and the answer matches float64."""
-    from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+    from paged_ref.kernels.triton.split import SplitPlan, SplitScratch, paged_attention_split
 
     inp = make_paged_inputs([40, 7, 65], num_q_heads=4, num_kv_heads=2, head_dim=16,
                             block_size=8)
@@ -163,7 +163,7 @@ def _multi_step_merge_is_right(module, fused: bool) -> bool:
 @pytest.mark.parametrize("fused", [False, True], ids=["merge kernel", "fused merge"])
 @pytest.mark.parametrize("desc, old, new", MERGE_MUTATIONS, ids=[m[0] for m in MERGE_MUTATIONS])
 def test_planted_mistakes_in_the_merge_are_caught(desc, old, new, fused, tmp_path, monkeypatch):
-    from paged_ref.kernels import triton_split
+    from paged_ref.kernels.triton import split as triton_split
 
     assert _multi_step_merge_is_right(triton_split, fused)
     mutant = mutant_of(triton_split, [(old, new)], tmp_path, monkeypatch)

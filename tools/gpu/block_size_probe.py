@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference, timed_both_ways
-from paged_ref.course.checks import relative_error
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import float64_reference, timed_both_ways
+from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 NAMES = os.environ.get("CASES", "B64_L4096,B1_L131072,B32_ragged").split(",")

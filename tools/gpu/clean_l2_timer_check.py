@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import clean_l2_ms, events_ms, read_flush, time_ms, zero_flush
+from paged_bench.decode import CASES, SHAPE
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import clean_l2_ms, events_ms, read_flush, time_ms, zero_flush
 from paged_ref.kernels import cuda_fp8
 
 

@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE
-from paged_ref.course.testing import make_paged_inputs
+from paged_bench.decode import CASES, SHAPE
+from paged_course.testing import make_paged_inputs
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "fp8"
 inp = make_paged_inputs(CASES["B64_L4096"], device="cuda", seed=0, **SHAPE)

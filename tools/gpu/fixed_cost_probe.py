@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paged_ref.course.bench import SHAPE, bytes_moved
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, gbps, time_ms
+from paged_bench.decode import SHAPE, bytes_moved
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps, events_ms, gbps, time_ms
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LENGTHS = (16384, 32768, 65536, 131072, 262144)

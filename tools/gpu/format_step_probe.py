@@ -13,9 +13,9 @@ import json
 
 import torch
 
-from paged_ref.course.bench_engine import build_model, decode_step
-from paged_ref.course.results import environment
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms
+from paged_bench.engine import build_model, decode_step
+from paged_course.results import environment
+from paged_course.timing import copy_bandwidth_gbps, time_ms
 from paged_ref.engine import Engine
 from paged_ref.engine.runner import StepInputs
 

@@ -69,9 +69,9 @@ import triton
 import triton.language as tl
 from quant_probe import start  # (this folder is on sys.path when the script runs)
 
-from paged_ref.course import sm90
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import time_ms
+from paged_course import sm90
+from paged_course.results import environment, write_result
+from paged_course.timing import time_ms
 
 DEVICE = "cuda"
 B, L, HQ, HKV, D, BS = 64, 4096, 32, 8, 128, 16
@@ -335,7 +335,7 @@ PTX_COUNTS = ("ld.global", "cp.async.cg", "cp.async.ca", "ld.shared", "ldmatrix"
 
 def compile_sm90(var: Variant, inp: Inputs):
     """Compile ``var`` for an H100/H200 (sm_90) without a GPU, specialised as a launch on
-    ``inp`` would be (:func:`paged_ref.course.sm90.compile_sm90`). Needs
+    ``inp`` would be (:func:`paged_course.sm90.compile_sm90`). Needs
     ``TRITON_INTERPRET=0``; returns Triton's compiled kernel (``.asm`` holds ``ttgir``, ``ptx``)."""
     run = launcher(var, inp, torch.empty_like(inp.q))
     constexprs = dict(run.keywords)

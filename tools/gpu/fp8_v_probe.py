@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from quant_probe import start  # (this folder is on sys.path when the script runs)
 
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import time_ms
+from paged_course.results import environment, write_result
+from paged_course.timing import time_ms
 
 DEVICE = "cuda"
 B, L, HQ, HKV, D, BS = 64, 4096, 32, 8, 128, 16

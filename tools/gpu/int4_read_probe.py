@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import float64_reference, same_bytes_copy, timed_both_ways
+from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps
 from paged_ref._device import current_stream_handle
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference, same_bytes_copy, timed_both_ways
-from paged_ref.course.checks import relative_error
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import DEFAULT_STAGES, _function, _launch, plan_cuda
 
 SOURCE = Path(__file__).resolve().with_name("int4_read_probe.cu")

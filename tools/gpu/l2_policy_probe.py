@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import LARGE_CASES, plan_keywords, quantised_cases
-from paged_ref.course.checks import relative_error
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, gbps, read_flush, zero_flush
+from paged_bench.quant import LARGE_CASES, plan_keywords, quantised_cases
+from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
+from paged_course.timing import copy_bandwidth_gbps, events_ms, gbps, read_flush, zero_flush
 from paged_ref.kernels import cuda_fp8
 
 CASES = os.environ.get("CASES", ",".join(LARGE_CASES)).split(",")

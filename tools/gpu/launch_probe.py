@@ -31,13 +31,13 @@ import torch
 import triton
 
 import paged_ref
-from paged_ref.course.bench import SHAPE
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import cpu_us_per_call, time_ms
-from paged_ref.kernels import triton_split
-from paged_ref.kernels.kv_formats import kv_kernel_args
-from paged_ref.kernels.triton_decode import default_config, launch_constants
+from paged_bench.decode import SHAPE
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import cpu_us_per_call, time_ms
+from paged_ref.kernels.triton import split as triton_split
+from paged_ref.kernels.triton.decode import default_config, launch_constants
+from paged_ref.kernels.triton.kv_formats import kv_kernel_args
 
 
 def split_launch_args(inp, plan, out):
@@ -98,7 +98,7 @@ def main() -> int:
     raw_launch()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, inp.reference().to(out.device, out.dtype), rtol=2e-2, atol=2e-2)
-    from paged_ref.course.bench import flashinfer_runners
+    from paged_bench.decode import flashinfer_runners
 
     timed = {"planned_call": steps["planned_call"], "compiled_run": raw_launch,
              **{label: run for label, (_, _, run) in flashinfer_runners(inp).items()}}

@@ -24,10 +24,10 @@ import os
 import torch
 
 import paged_ref
+from paged_course.offload import LLAMA_8B, PREFIXES, prefill_flops
+from paged_course.results import environment, write_result
+from paged_course.timing import matmul_tflops, median_ms
 from paged_ref import PagedKVCache
-from paged_ref.course.offload import LLAMA_8B, PREFIXES, prefill_flops
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import matmul_tflops, median_ms
 
 
 def main(argv=None) -> int:

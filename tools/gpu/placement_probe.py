@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference, timed_both_ways
-from paged_ref.course.checks import relative_error
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import (
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import float64_reference, timed_both_ways
+from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import (
     copy_bandwidth_gbps,
     read_flush,
     zero_flush,

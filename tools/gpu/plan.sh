@@ -11,6 +11,6 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 timeout 100 python3 -m pytest tests/test_gpu.py -q -o addopts= -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -15
-python3 -m paged_ref.bench --out "$OUT/bench.json" \
+python3 -m paged_bench decode --out "$OUT/bench.json" \
     --backends triton,triton_split,auto,auto_planned,auto_graph,sdpa_contiguous,flashinfer \
     --page-sweep B64_L4096 2>&1 | grep -v "^cases:" | tee "$OUT/bench.log"

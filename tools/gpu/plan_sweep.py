@@ -19,14 +19,14 @@ import sys
 
 import torch
 
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
 from paged_ref.cache_math import split_chunks
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.checks import relative_error
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
-from paged_ref.kernels.triton_decode import KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+from paged_ref.kernels.triton.decode import KernelConfig
+from paged_ref.kernels.triton.split import SplitPlan, SplitScratch, paged_attention_split
 
 CHUNKS = (4, 8, 16, 32)
 CONFIGS = [KernelConfig(t, w, s) for t, w, s in itertools.product((32, 64), (2, 4), (2, 3, 4))]

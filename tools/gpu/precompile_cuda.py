@@ -19,7 +19,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from paged_ref.course import ROOT
+from paged_course import ROOT
 from paged_ref.kernels import cuda_fp8
 
 

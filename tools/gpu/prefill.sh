@@ -9,5 +9,5 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-75}" python3 -m pytest tests/test_gpu_prefill.py -q -o addopts= \
     -p no:cacheprovider 2>&1 | tee "$OUT/gpu_prefill_tests.log" | tail -6
-timeout "${BENCH_TIMEOUT:-175}" python3 -m paged_ref.bench --suite prefill \
+timeout "${BENCH_TIMEOUT:-175}" python3 -m paged_bench prefill \
     --out "$OUT/prefill.json" "$@" 2>&1 | tee "$OUT/bench_prefill.log"

@@ -13,7 +13,7 @@ LOG="$OUT/quant_gpu.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOG"
 timeout "${TEST_SECONDS:-90}" python3 -m pytest tests/test_gpu_quant.py tests/test_gpu_cuda_fp8.py \
     -q -o addopts= -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -6
-timeout "${BENCH_SECONDS:-135}" python3 -m paged_ref.bench --suite quant --out "$OUT/quant.json" \
+timeout "${BENCH_SECONDS:-135}" python3 -m paged_bench quant --out "$OUT/quant.json" \
     --flashinfer-cases B64_L4096,B8_L32768,B256_L1024 \
     --sweep-configs B64_L4096 "$@" 2>&1 | grep -v "^cases:" | tee -a "$LOG"
 echo "exit codes: ${PIPESTATUS[*]}" | tee -a "$LOG"

@@ -14,8 +14,8 @@ import json
 
 import torch
 
-from paged_ref.course import quant_lm
-from paged_ref.course.results import environment
+from paged_course import quant_lm
+from paged_course.results import environment
 from paged_ref.engine import load_smollm2, ops
 from paged_ref.quant import QuantizedKV, dequantize
 

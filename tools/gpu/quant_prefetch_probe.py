@@ -35,14 +35,14 @@ import torch
 from plan_sweep import time_split  # (this folder is on sys.path when the script runs)
 from quant_probe import start
 
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import float64_reference
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
 from paged_ref import QuantizedKV
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.kernels.kv_formats import kv_format_code
-from paged_ref.kernels.triton_decode import QUANTISED_CONFIGS, KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan, plan_for_inputs
+from paged_ref.kernels.triton.decode import QUANTISED_CONFIGS, KernelConfig
+from paged_ref.kernels.triton.kv_formats import kv_format_code
+from paged_ref.kernels.triton.split import SplitPlan, plan_for_inputs
 from paged_ref.validation import Lengths
 
 FORMATS = ("fp8", "fp8_token_head", "int4")

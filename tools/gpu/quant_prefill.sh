@@ -15,7 +15,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
         tests/engine/test_engine_gpu.py -q -o addopts= -p no:cacheprovider 2>&1 \
         | tee -a "$LOG" | tail -6
 fi
-timeout "${BENCH_SECONDS:-300}" python3 -m paged_ref.bench --suite prefill \
+timeout "${BENCH_SECONDS:-300}" python3 -m paged_bench prefill \
     --out "$OUT/prefill_quant.json" --backends triton,torch,flashinfer \
     --cases P8_L2048,P8_L2048_prefix4096,P1_L16384,P32_chunk512_ctx8192 \
     --kv-formats fp8,fp8_token_head,int4 --no-extras "$@" 2>&1 | tee -a "$LOG"

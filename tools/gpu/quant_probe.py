@@ -27,11 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
-from paged_ref.kernels.triton_decode import KernelConfig, paged_attention_triton
-from paged_ref.kernels.triton_split import SplitPlan, SplitScratch, paged_attention_split
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps, time_ms, warm_up_gpu
+from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
+from paged_ref.kernels.triton.split import SplitPlan, SplitScratch, paged_attention_split
 
 DEVICE = "cuda"
 SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,

@@ -30,12 +30,12 @@ from plan_sweep import time_split  # (this folder is on sys.path when the script
 from quant_prefetch_probe import MAX_ERR, inputs, run_large_cases
 from quant_probe import start
 
-from paged_ref.course.bench import bytes_moved
-from paged_ref.course.bench_quant import float64_reference
-from paged_ref.course.results import environment, write_result
-from paged_ref.kernels import launch
-from paged_ref.kernels.triton_decode import KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan
+from paged_bench.decode import bytes_moved
+from paged_bench.quant import float64_reference
+from paged_course.results import environment, write_result
+from paged_ref.kernels.triton import launch
+from paged_ref.kernels.triton.decode import KernelConfig
+from paged_ref.kernels.triton.split import SplitPlan
 
 #: (tile, warps, stages, maxnreg) per format
 SWEEP = {

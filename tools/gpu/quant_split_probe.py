@@ -21,14 +21,14 @@ import sys
 import torch
 from plan_sweep import time_split  # (this folder is on sys.path when the script runs)
 
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import float64_reference
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps, warm_up_gpu
 from paged_ref.cache_math import split_chunks
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import float64_reference
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, warm_up_gpu
-from paged_ref.kernels.triton_decode import KernelConfig
-from paged_ref.kernels.triton_split import SplitPlan
+from paged_ref.kernels.triton.decode import KernelConfig
+from paged_ref.kernels.triton.split import SplitPlan
 
 CHUNKS = (1, 2, 4, 8)
 CONFIGS = [KernelConfig(128, 4, 3), KernelConfig(64, 4, 3), KernelConfig(128, 8, 3),

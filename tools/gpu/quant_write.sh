@@ -18,7 +18,7 @@ timeout "${TEST_SECONDS:-120}" python3 -m pytest tests/kernels/test_triton_quant
 timeout "${PROBE_SECONDS:-120}" python3 tools/gpu/format_step_probe.py \
     --formats plain,fp8,fp8_token_head,int4 --out "$OUT/format_step_probe.json" 2>&1 \
     | grep "^{" | tee -a "$LOG"
-timeout "${SWEEP_SECONDS:-240}" python3 -m paged_ref.bench --suite engine --shapes "" \
+timeout "${SWEEP_SECONDS:-240}" python3 -m paged_bench engine --shapes "" \
     --budgets "" --format-budget-mib 360 --format-requests 1024 --output-len 128 \
     --kv-formats plain,fp8,fp8_token_head,int4 --out "$OUT/formats" 2>&1 | grep "^{" \
     | tee -a "$LOG"

@@ -4,7 +4,7 @@ Runs the kernels of ``read_probe.cu`` (no attention: only the reads, see its hea
 B64_L4096's FP8 cache (64 sequences x 4096 tokens, 8 KV heads, head_dim 128, blocks of 16
 shuffled in memory: 537 MB of K and V), and prints / writes (``$OUT/read_probe.json``) for each
 kernel and launch shape the median time with the L2 flushed before each call
-(``paged_ref.course.timing.time_ms``, the bench's timer) and back to back, as a fraction of
+(``paged_course.timing.time_ms``, the bench's timer) and back to back, as a fraction of
 copy bandwidth. (The committed ``benchmarks/h200/read_probe.json`` was timed by an earlier
 loop of this script that flushed the same way: zeroing 256 MB before each call.)
 
@@ -84,7 +84,7 @@ def main() -> int:
         "out": torch.zeros(1 << 16, dtype=torch.int32, device="cuda"),
     }
     nbytes = 2 * bufs["k"].numel()
-    from paged_ref.course.timing import copy_bandwidth_gbps, events_ms, time_ms, warm_up_gpu
+    from paged_course.timing import copy_bandwidth_gbps, events_ms, time_ms, warm_up_gpu
 
     rows = []
     if not once:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import measured, quantised_cases
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import PagedInputs
-from paged_ref.course.timing import copy_bandwidth_gbps
+from paged_bench.quant import measured, quantised_cases
+from paged_course.results import environment, write_result
+from paged_course.testing import PagedInputs
+from paged_course.timing import copy_bandwidth_gbps
 from paged_ref.kernels.cuda_fp8 import plan_cuda
 
 LARGE = os.environ.get("CASES", "B64_L4096,B8_L32768,B1_L131072,B256_L1024,B32_ragged").split(",")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench import CASES, SHAPE, bytes_moved
-from paged_ref.course.bench_quant import LARGE_CASES, same_bytes_copy
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.testing import make_paged_inputs
-from paged_ref.course.timing import copy_bandwidth_gbps, gbps
+from paged_bench.decode import CASES, SHAPE, bytes_moved
+from paged_bench.quant import LARGE_CASES, same_bytes_copy
+from paged_course.results import environment, write_result
+from paged_course.testing import make_paged_inputs
+from paged_course.timing import copy_bandwidth_gbps, gbps
 
 FORMATS = ("bf16", "fp8", "fp8_token_head", "int4")
 

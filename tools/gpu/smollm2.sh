@@ -43,12 +43,12 @@ for step in ${STEPS:-test notebook engine quant}; do
               -p no:cacheprovider -k real 2>&1 | tee "$OUT/smollm2_gpu_test.log" | tail -3 ;;
     notebook) NOTEBOOKS=${NOTEBOOKS:-notebooks/09_*.ipynb} NOTEBOOK_SECONDS=240 \
                   bash tools/gpu/notebooks.sh ;;
-    engine) timeout 300 python3 -m paged_ref.bench --suite engine --budgets "" \
+    engine) timeout 300 python3 -m paged_bench engine --budgets "" \
                 --shapes "${ENGINE_SHAPES:-smollm2-135m-real}" \
                 --systems "${ENGINE_SYSTEMS:-engine,static_generate,generate_batch}" \
                 --out "$OUT/engine_real" 2>&1 | tail -4 ;;
     quant) b=${QUANT_BACKEND:-auto}  # the scoring's prefill backend (torch: a control)
-           timeout 400 python3 -m paged_ref.course.quant_lm --device cuda --dtype bfloat16 \
+           timeout 400 python3 -m paged_course.quant_lm --device cuda --dtype bfloat16 \
                --backend "$b" --prompts "${QUANT_PROMPTS:-8}" --new-tokens 256 \
                --formats "${QUANT_FORMATS:-base,fp8,int4,fp8_token_head,int4_g64}" \
                --out "$OUT/quant_smollm2_h200_$b.json" 2>&1 | tee "$OUT/quant_smollm2_h200_$b.log" \

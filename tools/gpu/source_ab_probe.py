@@ -6,7 +6,7 @@ plan), and from each file in ``$OTHER_SOURCES`` (comma-separated
 ``path[:keywords]``, keywords joined by ``+``; labelled by the file's name without its suffix:
 e.g. the file as an earlier commit had it, with the same ``Args`` struct). Each is checked
 against the float64 answer and timed with the bench's timer (``ms``) and after a flush that
-leaves the L2 clean (``ms_clean_l2``: :func:`paged_ref.course.timing.clean_l2_ms`), in turns
+leaves the L2 clean (``ms_clean_l2``: :func:`paged_course.timing.clean_l2_ms`), in turns
 (all versions, then again) so that a drift of the machine's clocks falls on each. Writes
 ``$OUT/source_ab_probe.json``.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from paged_ref.course.bench_quant import LARGE_CASES, measured, plan_keywords, quantised_cases
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps
+from paged_bench.quant import LARGE_CASES, measured, plan_keywords, quantised_cases
+from paged_course.results import environment, write_result
+from paged_course.timing import clean_l2_ms, copy_bandwidth_gbps, gbps
 from paged_ref.kernels import cuda_fp8
 
 CASES = os.environ.get("CASES", ",".join(LARGE_CASES)).split(",")

@@ -60,7 +60,7 @@ from pathlib import Path
 
 # First: on a machine without a GPU, paged_ref sets TRITON_INTERPRET=1 before triton is imported.
 from paged_ref import KVCacheManager, PagedKVCache, transfer
-from paged_ref.course.timing import events_ms
+from paged_course.timing import events_ms
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -68,10 +68,10 @@ import triton
 import triton.language as tl
 
 from paged_ref.cache_math import blocks_needed
-from paged_ref.course.bench_transfer import SHAPE as GPU_SHAPE
-from paged_ref.course.bench_transfer import make_pool, sync_device
-from paged_ref.course.results import environment, write_result
-from paged_ref.course.two_ranks import free_port
+from paged_bench.transfer import SHAPE as GPU_SHAPE
+from paged_bench.transfer import make_pool, sync_device
+from paged_course.results import environment, write_result
+from paged_course.two_ranks import free_port
 from paged_ref.transfer import _block_index, _block_rows, _pool_rows, _row_numel
 
 #: The 8B-like model's KV shape is bench_transfer's (GPU_SHAPE); a tiny one for the CPU smoke run.
@@ -719,7 +719,7 @@ def peer_copy_gbps(gpu: bool, num_bytes: int, reps: int = 10) -> float:
     """``cuda:1 <- cuda:0`` copy GB/s (bench_transfer's measure); on a CPU a memcpy (labelled
     as such, not a measurement of anything GPU)."""
     if gpu:
-        from paged_ref.course.bench_transfer import p2p_copy_gbps
+        from paged_bench.transfer import p2p_copy_gbps
 
         gbps = p2p_copy_gbps(num_bytes, reps)
         torch.cuda.empty_cache()
