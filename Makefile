@@ -68,9 +68,10 @@ preflight:
 lint: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
 
-## GPU only: python -m paged_bench
+## GPU only: one benchmark suite, written to results/<gpu>/; make bench SUITE=prefill
+SUITE ?= decode
 bench: install
-	$(PY) -m paged_bench.decode
+	$(PY) -m paged_bench $(SUITE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis site

@@ -203,7 +203,7 @@ def _add_or_refuse(cache: PagedKVCache, manager: KVCacheManager, seq_id: Hashabl
 
 
 #: Packed mode sends the layers in about this many messages (two in flight), each at least
-#: :data:`MIN_MESSAGE_BYTES`. Measured on two H200s (benchmarks/h200x2/transfer.json, 8B-like
+#: :data:`MIN_MESSAGE_BYTES`. Measured on two H200s (results/h200x2/transfer.json, 8B-like
 #: shape): for a 32k-token prompt, 8 messages of 4 layers (512 MiB) reached 76 % of the copy
 #: bandwidth, 16 of 2 layers 70 %, 4 of 8 layers 73 %; for 8k tokens, messages of 128 MiB
 #: (4 layers) were the fastest; short prompts go best in one message.

@@ -307,7 +307,7 @@ def heads_per_cta(num_kv_heads: int, warps_per_head: int = WARPS_PER_HEAD,
 def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
                    total_tokens: int | None = None, kind: str = "fp8") -> tuple[int, int]:
     """``(chunk_len, warps_per_head)`` for a batch of a ``kind`` (``"fp8"`` / ``"int4"``)
-    cache, from the probe on the H200 (``benchmarks/h200/cuda_fp8_probe.json``): each warp
+    cache, from the probe on the H200 (``results/h200/cuda_launch_sweep.json``): each warp
     streams long runs of one head, about one or two CTAs per SM, and no merge kernel when it
     can be helped.
 
@@ -488,7 +488,7 @@ class CudaDecodePlan:
         Its host time counts as much as the kernel's: B1_L131072's INT4 call lasts ~57 us on
         the H200, and this method took 86-94 us of the GPU machine's host, so that the bench's
         timer (and a serving loop) waited on Python: 75 us for what a CUDA graph of the same
-        call replays in 57 (``benchmarks/h200/host_cost_probe_2026-12-01_before.json``). Read
+        call replays in 57 (``results/h200/host_in_the_timer_before.json``). Read
         once per tensor, strides cost little; the stream is taken as a raw handle, and the merge's
         launch configuration is made once: 25-28 us (FP8 15-20), and the bench's timer agrees
         with the graph (``..._after.json``)."""

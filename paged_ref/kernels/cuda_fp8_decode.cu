@@ -57,7 +57,7 @@
 #endif
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0  // cp.async's L2 prefetch size in bytes (0, 128 or 256): 256 costs
-                       // ~4 % on the H200 (benchmarks/h200/read_probe.json)
+                       // ~4 % on the H200 (results/h200/fp8_copy_paths.json)
 #endif
 #ifndef INT4_L2_PREFETCH
 #define INT4_L2_PREFETCH 128  // the INT4 kernel's: a head's row is half a 128-byte line, the
@@ -274,7 +274,7 @@ static_assert(offsetof(Args, k_map) == 256 && sizeof(Args) == 1024, "cuda_fp8.py
 // Where logical byte `at` of a tile (rows of ROW bytes, one after another) lives in shared
 // memory: the 16-byte chunks of each 128-byte line are permuted, chunk c of line n at
 // c ^ (n % 8) for rows of 128 bytes or more, c ^ 2 (n % 4) for shorter ones. Two reasons
-// (benchmarks/h200/read_probe.json, measured on the H200):
+// (results/h200/fp8_copy_paths.json, measured on the H200):
 // * every 128-byte line of the cache lands in one 128-byte line of shared memory. Rows padded
 //   to D + 16 bytes (the usual way to spread rows over the banks) split each line's copy in
 //   two: the L2 then served ~2.7 requests per line instead of 1, and the same reads ran at

@@ -479,15 +479,3 @@ def test_plans_run_the_tma_ring_where_it_reads_the_launch(monkeypatch, capabilit
         assert plan.threads == 32 * cuda_fp8.TMA_HEADS and plan.smem <= 232448 // 2
     else:
         assert plan.stages == 3
-
-
-def test_probes_spell_plan_keywords():
-    """tools/gpu's probes read ``plan_cuda`` keywords from the environment this way."""
-    from paged_bench.quant import plan_keywords
-
-    assert plan_keywords("chunk_len=512,stages=4") == {"chunk_len": 512, "stages": 4}
-    assert plan_keywords("stages=4+defines=INT4_TMA=0|TMA_LAG=2", "+") == {
-        "stages": 4, "defines": ("INT4_TMA=0", "TMA_LAG=2")}
-    assert plan_keywords("") == {}
-    with pytest.raises(ValueError):
-        plan_keywords("stages=four")
