@@ -53,6 +53,18 @@ def load_results(name: str | Path) -> dict:
         return json.load(f)
 
 
+def reference_gpu() -> dict:
+    """The reference GPU's measured ceilings, from one place (the committed runs), for every
+    lesson that quotes them: ``copy_bw_gbps`` (device-to-device copy, ``decode.json``),
+    ``matmul_tflops`` (dense bf16 matmul, ``prefill.json``), ``ridge_flop_per_byte`` (their
+    ratio: the roofline's corner), each with the ``gpu`` and ``date`` of its run."""
+    decode, prefill = load_results("decode"), load_results("prefill")
+    copy_bw, matmul = decode["copy_bw_gbps"], prefill["matmul_tflops"]
+    return {"gpu": decode["gpu"], "copy_bw_gbps": copy_bw, "copy_bw_date": decode["date"],
+            "matmul_tflops": matmul, "matmul_date": prefill["date"],
+            "ridge_flop_per_byte": matmul * 1e12 / (copy_bw * 1e9)}
+
+
 def gpu_kind() -> str:
     """The folder of ``results/`` a run on this machine belongs in: ``"h200"`` for one NVIDIA
     H200, ``"h200x2"`` for two of them, ``"cpu"`` with no GPU."""

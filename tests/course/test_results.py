@@ -102,3 +102,12 @@ def test_environment_and_write_result(tmp_path):
     assert path == tmp_path / "new" / "r.json"
     assert json.loads(path.read_text())["date"] == env["date"]
     assert results.stamp(json.loads(path.read_text())).startswith(env["gpu"])
+
+
+def test_reference_gpu_reads_its_ceilings_from_the_committed_runs():
+    ref = results.reference_gpu()
+    decode, prefill = results.load_results("decode"), results.load_results("prefill")
+    assert ref["copy_bw_gbps"] == decode["copy_bw_gbps"]
+    assert ref["matmul_tflops"] == prefill["matmul_tflops"]
+    assert abs(ref["ridge_flop_per_byte"] - prefill["matmul_tflops"] * 1e3
+               / decode["copy_bw_gbps"]) < 1e-9
