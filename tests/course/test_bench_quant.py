@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from paged_bench import quant as bench_quant
@@ -143,3 +144,14 @@ def test_timed_both_ways_times_each_way_and_shares_them(monkeypatch):
     assert (got["ms"], got["ms_clean_l2"]) == (0.2, 0.1)
     assert abs(got["pct_copy_bw"] - 50.0) < 1e-9  # 400 MB in 0.2 ms = 2000 GB/s
     assert abs(got["pct_copy_bw_clean_l2"] - 100.0) < 1e-9
+
+
+def test_probes_spell_plan_keywords():
+    """tools/gpu's probes read ``plan_cuda`` keywords from the environment this way."""
+    assert bench_quant.plan_keywords("chunk_len=512,stages=4") == {"chunk_len": 512,
+                                                                   "stages": 4}
+    assert bench_quant.plan_keywords("stages=4+defines=INT4_TMA=0|TMA_LAG=2", "+") == {
+        "stages": 4, "defines": ("INT4_TMA=0", "TMA_LAG=2")}
+    assert bench_quant.plan_keywords("") == {}
+    with pytest.raises(ValueError):
+        bench_quant.plan_keywords("stages=four")

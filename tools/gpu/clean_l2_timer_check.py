@@ -21,14 +21,14 @@ import torch
 from paged_bench.decode import CASES, SHAPE
 from paged_course.testing import make_paged_inputs
 from paged_course.timing import clean_l2_ms, events_ms, read_flush, time_ms, zero_flush
-from paged_ref.kernels import cuda_fp8
+from paged_ref.kernels import cuda as cuda_kernels
 
 
 def main() -> None:
     lens = CASES["B64_L4096"]
     inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE).quantized("int4")
     args, out = inp.args(), torch.empty_like(inp.q)
-    plan = cuda_fp8.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
+    plan = cuda_kernels.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
 
     def call():
         return plan.run(*args, out=out)
