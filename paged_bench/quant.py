@@ -92,15 +92,15 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
 
 
 def cuda_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
-    """The hand-written CUDA kernels (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache or an
+    """The hand-written CUDA kernels (:mod:`paged_ref.kernels.cuda`) on an FP8 cache or an
     ``int4`` one (backend ``cuda_fp8`` / ``cuda_int4``), with their default launch shape,
     where this machine can build and run them: planned once outside the timing, as the Triton
     runner's split is (the timed call is ``plan.run``)."""
-    from paged_ref.kernels.cuda_fp8 import cuda_fp8_available, plan_cuda
+    from paged_ref.kernels.cuda import cuda_kernels_available, plan_cuda
 
     fmt = getattr(inp.k_cache, "format", None)
     if fmt is None or fmt.name not in ("fp8", "fp8_token_head", "int4") or (
-            not cuda_fp8_available(inp.q.device)):
+            not cuda_kernels_available(inp.q.device)):
         return {}
     args = inp.args()
     plan = plan_cuda(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)

@@ -158,7 +158,7 @@ def generation_agreement(model, prompts, baseline, outputs, kv_format=None,
 def decode_kernel(model, kv_format: str, device: str) -> str:
     """Which kernels the engine's decode steps ran for ``kv_format``: "cuda" (the CUDA decode
     kernels), else why not (then the Triton or torch backend de-quantised)."""
-    from paged_ref.kernels.cuda_fp8 import cuda_refusal
+    from paged_ref.kernels.cuda import cuda_refusal
     from paged_ref.quant import KVFormat
 
     if kv_format in ("float32", "bfloat16", "float16"):  # the baseline: the model's dtype

@@ -197,7 +197,7 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths: Prefill
     info = Lengths(lengths.max_seq_len, sum(lengths.seq_lens))
     backend = choose_backend(q, k_cache, info)
     if backend == "cuda":  # an FP8 / INT4 cache the hand-written CUDA kernels read
-        from paged_ref.kernels.cuda_fp8 import paged_attention_cuda
+        from paged_ref.kernels.cuda import paged_attention_cuda
 
         return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                     max_len=info.max_len, total_tokens=info.total_tokens)

@@ -13,7 +13,7 @@ LOG="$OUT/quant_write_gpu.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
 timeout "${TEST_SECONDS:-120}" python3 -m pytest tests/kernels/test_triton_quant_write.py \
     tests/engine/test_engine_quant.py \
-    tests/test_gpu_cuda_fp8.py::test_engine_decodes_fp8_caches_with_the_cuda_kernels \
+    tests/kernels/cuda/test_decode_gpu.py::test_engine_decodes_fp8_caches_with_the_cuda_kernels \
     -q -o addopts= -p no:cacheprovider -k "not planted" 2>&1 | tee -a "$LOG" | tail -4
 timeout "${SWEEP_SECONDS:-240}" python3 -m paged_bench engine --shapes "" \
     --budgets "" --format-budget-mib 360 --format-requests 1024 --output-len 128 \

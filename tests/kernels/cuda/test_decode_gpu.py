@@ -1,22 +1,30 @@
-"""The hand-written CUDA FP8 and INT4 decode kernels (paged_ref.kernels.cuda_fp8) on a GPU
-with FP8 conversions and nvcc (skipped elsewhere): against the float64 answer for the
-de-quantised cache on ragged lengths, shuffled tables, garbage in unused table entries and NaN
-in unused slots, every head_dim / group / block size they take, split into chunks and not."""
+"""The hand-written CUDA FP8 and INT4 decode kernels (paged_ref.kernels.cuda) on a GPU with
+FP8 conversions and nvcc (skipped elsewhere): against the float64 answer for the de-quantised
+cache on ragged lengths, shuffled tables, garbage in unused table entries and NaN in unused
+slots, every head_dim / group / block size they take, split into chunks and not; each planted
+mistake of the sources (MUTANTS) caught."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs, ragged_lengths
-from paged_ref.kernels.cuda_fp8 import (
-    cuda_fp8_available,
+from paged_ref.kernels.cuda import (
+    CudaDecodePlan,
+    build,
+    cuda_kernels_available,
     paged_attention_cuda,
     paged_attention_cuda_fp8,
+    plan_cuda,
 )
+from tests.mutations.mutate import cuda_mutant
 
-pytestmark = pytest.mark.skipif(not cuda_fp8_available(), reason="needs an sm_89+ GPU and nvcc")
+pytestmark = pytest.mark.skipif(not cuda_kernels_available(),
+                                reason="needs an sm_89+ GPU and nvcc")
 
 CASES = [
     # lengths, block_size, head_dim, num_q_heads, num_kv_heads, q dtype
@@ -32,7 +40,7 @@ CASES = [
 @pytest.mark.parametrize("chunk_len", [None, 64, 320])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
-def test_cuda_fp8_matches_float64(fmt, case, chunk_len):
+def test_cuda_matches_float64(fmt, case, chunk_len):
     lens, bs, d, hq, hkv, dtype = CASES[case]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
@@ -42,14 +50,13 @@ def test_cuda_fp8_matches_float64(fmt, case, chunk_len):
 
 @pytest.mark.parametrize("case", [0, 1, 3])
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
-def test_cuda_fp8_warps_sharing_a_head(fmt, case):
-    """WARPS_PER_HEAD=2: two warps split each head's tiles and merge in shared memory."""
+def test_cuda_warps_sharing_a_head(fmt, case):
+    """warps_per_head=2: two warps split each head's tiles and merge in shared memory."""
     lens, bs, d, hq, hkv, dtype = CASES[case]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device="cuda", seed=case, poison="nan").quantized(fmt)
     for chunk_len in (None, 320):
-        out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len,
-                                   defines=("WARPS_PER_HEAD=2",))
+        out = paged_attention_cuda(*inp.args(), chunk_len=chunk_len, warps_per_head=2)
         assert_close(out, inp.reference(), name=f"2 warps a head, {fmt} case {case}")
 
 
@@ -57,8 +64,6 @@ def test_cuda_fp8_warps_sharing_a_head(fmt, case):
 def test_cuda_two_stage_ring(fmt):
     """A ring of 2 tiles (one in flight while one is used), which plans pick for FP8 batches
     of about two CTAs per SM or more, on the ragged cases and on such a batch."""
-    from paged_ref.kernels.cuda_fp8 import plan_cuda
-
     for case in (0, 1, 3):
         lens, bs, d, hq, hkv, dtype = CASES[case]
         inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
@@ -90,10 +95,8 @@ TMA_CASES = [
 def test_cuda_int4_tma_ring_matches_the_per_warp_ring(case):
     """On sm_90+ INT4 launches of head_dim 128, one warp per head and 8 heads a CTA run
     int4_decode_tma (the TMA unit fills one ring per CTA); the per-warp kernel
-    (``INT4_TMA=0``) and it both match the float64 answer, chunked and not, with NaN in unused
+    (``tma=False``) and it both match the float64 answer, chunked and not, with NaN in unused
     slots (the TMA copies whole blocks' scales: those past the end must be zeroed)."""
-    from paged_ref.kernels.cuda_fp8 import plan_cuda
-
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the TMA unit is sm_90+")
     lens, bs, hq, hkv = TMA_CASES[case]
@@ -101,17 +104,17 @@ def test_cuda_int4_tma_ring_matches_the_per_warp_ring(case):
                             block_size=bs, dtype=torch.bfloat16, device="cuda", seed=20 + case,
                             poison="nan").quantized("int4")
     for chunk_len in (None, 64, 320):
-        for defines in ((), ("INT4_TMA=0",)):
-            plan = plan_cuda(*inp.args(), chunk_len=chunk_len, defines=defines)
-            assert plan.tma == (not defines)
+        for tma in (None, False):
+            plan = plan_cuda(*inp.args(), chunk_len=chunk_len, tma=tma)
+            assert plan.tma == (tma is None)
             assert_close(plan.run(*inp.args()), inp.reference(),
-                         name=f"int4 {'per-warp' if defines else 'TMA'} case {case} {chunk_len}")
+                         name=f"int4 {'per-warp' if tma is False else 'TMA'} case {case} "
+                              f"{chunk_len}")
 
 
 def test_cuda_int4_tma_ring_reads_odd_layouts_through_copies():
     """A cache the TMA unit cannot read as described (a view 16 bytes off an aligned start,
     scales strided) goes through aligned copies; the same cache twice reuses its tensor maps."""
-    from paged_ref.kernels.cuda_fp8 import plan_cuda
     from paged_ref.quant import QuantizedKV
 
     if torch.cuda.get_device_capability() < (9, 0):
@@ -186,7 +189,7 @@ def test_cuda_fp8_strided_q_and_out_and_scale():
 
 @pytest.mark.parametrize("what", ["int4", "bf16", "float32 q", "block 12", "group 16",
                                   "int4_g128"])
-def test_cuda_fp8_refuses_what_it_does_not_read(what):
+def test_cuda_refuses_what_it_does_not_read(what):
     hq, bs = (64 if what == "group 16" else 32), (12 if what == "block 12" else 16)
     inp = make_paged_inputs([50], num_q_heads=hq, num_kv_heads=4, head_dim=128, block_size=bs,
                             dtype=torch.bfloat16, device="cuda")
@@ -198,7 +201,8 @@ def test_cuda_fp8_refuses_what_it_does_not_read(what):
         run(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
 
 
-# Planted mistakes: each mutant of the .cu source must fail the float64 check.
+# Planted mistakes: each mutant of the CUDA sources (old: exactly once in one file of
+# paged_ref/kernels/cuda) must fail the float64 check.
 FP8_RESCALE = "o[j][0] *= alpha[0]; o[j][1] *= alpha[1]; o[j][2] *= alpha[0]; o[j][3] *= alpha[1];"
 MUTANTS = {
     "no mask past the end": ("x[i] = t0 + tk < end ? (c[0][i] + c[1][i]) * sc : -INFINITY;",
@@ -257,22 +261,21 @@ MUTANTS = {
 }
 
 
-def mutant_defines(mutant: str) -> tuple:
-    """The per-warp INT4 ring's mistakes are planted in the kernel that sm_90+ runs only when
-    asked (``INT4_TMA=0``); tools/gpu/precompile_cuda.py compiles them so."""
-    return ("INT4_TMA=0",) if mutant.startswith("int4 per-warp ring") else ()
+def mutant_keywords(mutant: str) -> dict:
+    """The per-warp INT4 ring's mistakes are planted in the kernel that sm_90+ runs on these
+    inputs only when asked (``tma=False``)."""
+    return {"tma": False} if mutant.startswith("int4 per-warp ring") else {}
+
+
+def mutant_source(mutant: str, folder) -> Path:
+    """The sources with ``MUTANTS[mutant]`` planted, in ``folder``: their ``decode.cu``
+    (tools/gpu/precompile_cuda.py compiles the same copies)."""
+    return cuda_mutant(build.SOURCE, [MUTANTS[mutant]], folder)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
-def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
-    from paged_ref.kernels import cuda_fp8
-
-    old, new = MUTANTS[mutant]
-    text = cuda_fp8.SOURCE.read_text()
-    assert text.count(old) == 1, f"mutant {mutant!r} no longer matches the source"
-    source = tmp_path / "mutant.cu"
-    source.write_text(text.replace(old, new))
-    monkeypatch.setattr(cuda_fp8, "SOURCE", source)
+def test_cuda_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "SOURCE", mutant_source(mutant, tmp_path / "mutant"))
     # (1100 tokens in 256-token chunks: 69 tiles, past the second batch of table entries)
     inp = make_paged_inputs([15, 300, 1100], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=11,
@@ -285,13 +288,13 @@ def test_cuda_fp8_planted_mistakes_are_caught(mutant, tmp_path, monkeypatch):
         # merge that does not wait reads the partials while they are still NaN
         inp = make_paged_inputs([131072], num_q_heads=32, num_kv_heads=8, head_dim=128,
                                 dtype=torch.bfloat16, device="cuda", seed=11).quantized("fp8")
-        plan = cuda_fp8.plan_cuda(*inp.args(), chunk_len=16384)
+        plan = plan_cuda(*inp.args(), chunk_len=16384)
         plan.part_o.fill_(float("nan"))
         plan.part_lse.fill_(float("nan"))
         out = plan.run(*inp.args())
     else:
         out = paged_attention_cuda(*inp.args(), chunk_len=1100 if "table" in mutant else None,
-                                   defines=mutant_defines(mutant))
+                                   **mutant_keywords(mutant))
     with pytest.raises(AssertionError):
         assert_close(out, inp.reference(), name=mutant)
 
@@ -300,8 +303,6 @@ def test_dependent_merge_launch_matches_a_plain_one():
     """The merge launched as a programmatic dependent of the decode kernel (Hopper+) gives
     the same bits as a plain launch after it, on chunks whose partials start as NaN."""
     import dataclasses
-
-    from paged_ref.kernels.cuda_fp8 import plan_cuda
 
     inp = make_paged_inputs([40000, 3000, 17], num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=5).quantized("fp8")
@@ -367,14 +368,13 @@ def test_engine_decodes_fp8_caches_with_the_cuda_kernels(monkeypatch):
     pytest.importorskip("transformers")
     from paged_bench.engine import build_model, workload
     from paged_ref.engine import Engine
-    from paged_ref.kernels import cuda_fp8
 
     model = build_model("smollm2-135m", dtype=torch.bfloat16)
     prompts, outputs = workload(6, model.config.vocab_size, seed=4, prompt_mean=40,
                                 output_mean=24, max_len=120)
     calls = []
-    run = cuda_fp8.CudaDecodePlan.run
-    monkeypatch.setattr(cuda_fp8.CudaDecodePlan, "run",
+    run = CudaDecodePlan.run
+    monkeypatch.setattr(CudaDecodePlan, "run",
                         lambda self, *a, **k: calls.append(1) or run(self, *a, **k))
     ours = Engine(model, num_blocks=256, kv_format="fp8").generate(prompts, outputs,
                                                                   ignore_eos=True)
