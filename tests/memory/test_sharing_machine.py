@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from paged_ref import KVCacheManager, OutOfBlocksError, PagedKVCache
 from paged_ref.cache_math import blocks_needed
 from paged_ref.memory.manager import hash_block_tokens
-from tests.test_sharing import snapshot
+from tests.memory.test_sharing import snapshot
 
 TOKENS = st.integers(0, 2)  # a tiny vocabulary, so prompts share prefixes often
 
