@@ -72,7 +72,7 @@ from paged_bench.transfer import SHAPE as GPU_SHAPE
 from paged_bench.transfer import make_pool, sync_device
 from paged_course.results import environment, write_result
 from paged_course.two_ranks import free_port
-from paged_ref.transfer import _block_index, _block_rows, _pool_rows, _row_numel
+from paged_ref.transfer.payload import _block_index, _block_rows, _pool_rows, _row_numel, _staging
 
 #: The 8B-like model's KV shape is bench_transfer's (GPU_SHAPE); a tiny one for the CPU smoke run.
 CPU_SHAPE = dict(num_layers=6, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)
@@ -307,7 +307,7 @@ def one_transfer(side: Side, v: Variant) -> float | None:
         sync_device(side.device)
         dist.send(word, 1, group=group)
         dist.recv(word, 1, group=group)
-        staging = side.staging if v.prealloc else transfer._staging(cache, side.per_chunk,
+        staging = side.staging if v.prealloc else _staging(cache, side.per_chunk,
                                                                     num_blocks)
         send_payload(cache, idx, side.bounds, 1, group, staging, gather)
         sync_device(side.device)
@@ -317,7 +317,7 @@ def one_transfer(side: Side, v: Variant) -> float | None:
     manager.add_sequence("req2", side.prompt)
     idx = _block_index(cache, manager.block_table("req2"))
     dist.send(word, 0, group=group)
-    staging = side.staging if v.prealloc else transfer._staging(cache, side.per_chunk,
+    staging = side.staging if v.prealloc else _staging(cache, side.per_chunk,
                                                                 num_blocks)
     recv_payload(cache, idx, side.bounds, 0, group, staging, scatter)
     sync_device(side.device)
@@ -367,7 +367,7 @@ def build_side(rank, device, shape, prompt, chunk_bytes, groups) -> Side:
     per_chunk = transfer.layers_per_chunk(cache, num_blocks, "packed", chunk_bytes)
     return Side(rank, device, prompt, cache, manager, chunk_bytes, per_chunk,
                 transfer.chunk_bounds(cache.num_layers, per_chunk),
-                transfer._staging(cache, per_chunk, num_blocks), ref, ref_manager, groups)
+                _staging(cache, per_chunk, num_blocks), ref, ref_manager, groups)
 
 
 def make_groups(names, gpu: bool, errors: list) -> dict:
