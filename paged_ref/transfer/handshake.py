@@ -74,7 +74,9 @@ def send_header(link: Link, cache: PagedKVCache, kind: int, num_tokens: int, num
 def refuse_early(link: Link, code: int) -> None:
     """The sender gives up before its header: tell the receiver, so it raises at once instead
     of waiting out its timeout. Best effort: without a process group there is nobody to tell,
-    and a peer that cannot be reached is not this call's error (the refusal is)."""
+    and a peer that cannot be reached is not this call's error (the refusal is). A send waits
+    for the peer to receive it (gloo too), so this takes up to ``timeout`` when no receiver
+    comes."""
     if link.group is None and not dist.is_initialized():
         return
     try:

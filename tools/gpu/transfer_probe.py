@@ -142,9 +142,9 @@ def no_copy(pool, rows, buf):
     """``raw_chunked``: the messages travel, nothing is gathered or scattered."""
 
 
-# ------------------------------------------------- the send / receive loops (transfer.py's)
+# ------------------------------------------------- the send / receive loops (transfer/stream.py's)
 def send_payload(cache, idx, bounds, dst, group, staging, gather):
-    """``transfer._send_payload`` (packed): gather layers [l0, l1) into one of two staging
+    """``transfer.stream.send_payload`` (packed): gather layers [l0, l1) into one of two staging
     buffers and ``isend`` it; the next gather overlaps this send."""
     rows = _block_rows(cache, idx)
     in_flight = [None, None]
@@ -160,7 +160,7 @@ def send_payload(cache, idx, bounds, dst, group, staging, gather):
 
 
 def recv_payload(cache, idx, bounds, src, group, staging, scatter):
-    """``transfer._recv_payload`` (packed): the next ``irecv`` is posted before this message
+    """``transfer.stream.recv_payload`` (packed): the next ``irecv`` is posted before this message
     is scattered into its blocks."""
     rows = _block_rows(cache, idx)
 
