@@ -101,7 +101,7 @@ def tma_shared_bytes(stages: int) -> int:
 U8, U32, SWIZZLE_128B, NO_SWIZZLE = 0, 2, 3, 0  # (cuda.h's enums)
 #: How much the L2 fetches around each of the TMA unit's requests (cuda.h's
 #: CUtensorMapL2promotion: 0 none, 1 64 bytes, 2 128, 3 256): 128 bytes, B64_L4096 0.0907 ms
-#: against 0.0923 with 256 (``benchmarks/h200/tma_promotion_probe.json``; none: 0.0907)
+#: against 0.0923 with 256 (docs/lab_notes.md, "One TMA producer per CTA"; none: 0.0907)
 L2_PROMOTION = 2
 
 
@@ -307,7 +307,8 @@ def heads_per_cta(num_kv_heads: int, warps_per_head: int = WARPS_PER_HEAD,
 def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
                    total_tokens: int | None = None, kind: str = "fp8") -> tuple[int, int]:
     """``(chunk_len, warps_per_head)`` for a batch of a ``kind`` (``"fp8"`` / ``"int4"``)
-    cache, from the probe on the H200 (``results/h200/cuda_launch_sweep.json``): each warp
+    cache, from the probe on the H200 (``results/h200/cuda_kernels_study.json``, part
+    ``launch_sweep``): each warp
     streams long runs of one head, about one or two CTAs per SM, and no merge kernel when it
     can be helped.
 
@@ -357,8 +358,8 @@ def default_launch(batch: int, num_kv_heads: int, max_len: int, sms: int,
 
 def default_stages(kind: str, ctas: int, sms: int, warps_per_head: int,
                    tma: bool = False) -> int:
-    """Tiles in each warp's ring for a launch of ``ctas`` CTAs (``benchmarks/h200/
-    source_ab_probe_2026-12-01_stages2.json``, the H200): FP8 with one warp per head and about
+    """Tiles in each warp's ring for a launch of ``ctas`` CTAs (docs/lab_notes.md, "Measure
+    the ring depth for each launch"; the H200): FP8 with one warp per head and about
     two CTAs per SM or more (B256_L1024, the ragged batch) reads 1.8-1.9 % faster with 2 (one
     tile in flight while one is used) than with 3; with one CTA per SM (B8_L32768,
     B1_L131072) or two warps a head (B64_L4096) 2 stages were 6-8 % slower. INT4 was as fast
@@ -488,7 +489,7 @@ class CudaDecodePlan:
         Its host time counts as much as the kernel's: B1_L131072's INT4 call lasts ~57 us on
         the H200, and this method took 86-94 us of the GPU machine's host, so that the bench's
         timer (and a serving loop) waited on Python: 75 us for what a CUDA graph of the same
-        call replays in 57 (``results/h200/host_in_the_timer_before.json``). Read
+        call replays in 57 (``results/h200/short_calls_study.json``, part ``host_before``). Read
         once per tensor, strides cost little; the stream is taken as a raw handle, and the merge's
         launch configuration is made once: 25-28 us (FP8 15-20), and the bench's timer agrees
         with the graph (``..._after.json``)."""

@@ -57,7 +57,7 @@
 #endif
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0  // cp.async's L2 prefetch size in bytes (0, 128 or 256): 256 costs
-                       // ~4 % on the H200 (results/h200/fp8_copy_paths.json)
+                       // ~4 % on the H200 (results/h200/cuda_kernels_study.json)
 #endif
 #ifndef INT4_L2_PREFETCH
 #define INT4_L2_PREFETCH 128  // the INT4 kernel's: a head's row is half a 128-byte line, the
@@ -274,7 +274,7 @@ static_assert(offsetof(Args, k_map) == 256 && sizeof(Args) == 1024, "cuda_fp8.py
 // Where logical byte `at` of a tile (rows of ROW bytes, one after another) lives in shared
 // memory: the 16-byte chunks of each 128-byte line are permuted, chunk c of line n at
 // c ^ (n % 8) for rows of 128 bytes or more, c ^ 2 (n % 4) for shorter ones. Two reasons
-// (results/h200/fp8_copy_paths.json, measured on the H200):
+// (results/h200/cuda_kernels_study.json, part copy_paths, measured on the H200):
 // * every 128-byte line of the cache lands in one 128-byte line of shared memory. Rows padded
 //   to D + 16 bytes (the usual way to spread rows over the banks) split each line's copy in
 //   two: the L2 then served ~2.7 requests per line instead of 1, and the same reads ran at
@@ -899,7 +899,7 @@ __device__ __forceinline__ uint32_t low_nibbles(uint32_t x) { return x & 0x000f0
 __device__ __forceinline__ uint32_t high_nibbles(uint32_t x) { return x & 0x00f000f0u; }
 // x >> 8 (bytes 1 and 3 to where the masks take them), as the high word of x * 2^24: an
 // integer multiply-add runs on the FMA pipe, a shift on the integer ALU, INT4's busiest
-// (benchmarks/README.md: 16 of a tile's ~190 ALU instructions move)
+// (docs/lab_notes.md: 16 of a tile's ~190 ALU instructions move)
 __device__ __forceinline__ uint32_t byte_shift(uint32_t x) {
   uint32_t r;
   asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << 24));
@@ -1165,7 +1165,7 @@ __device__ void int4_decode(const Args& a) {
 // INT4 fed by the TMA unit (sm_90+): the common launch, head_dim 128 with one warp per head
 // and 8 KV heads a CTA (TMA_HEADS), blocks of >= 16 tokens. In int4_decode every warp spends
 // ~40 instructions a tile on its own copies (addresses, 6 cp.async, the table look-ahead's
-// shuffle, the ring's bookkeeping), and INT4 is short of issue slots (benchmarks/README.md).
+// shuffle, the ring's bookkeeping), and INT4 is short of issue slots (docs/lab_notes.md).
 // Here the CTA's 8 warps share one ring of STAGES tiles, each tile all 8 heads' 16 tokens:
 // * one thread asks the TMA unit for a whole tile: the K and V codes as two boxes of
 //   16 tokens x 4 head pairs x 128 bytes (8 KB each, one DRAM stream of whole token rows), and
