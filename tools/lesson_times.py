@@ -183,6 +183,12 @@ def breakdown_markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['notebook'][:-6]} | {r['prose_words']:,} | "
                      f"{r['reading_min']:.0f} min | {r['exercises'] or '-'} | "
                      f"{r['doing_min']:.0f} min | {run} | {hours(r['total_min'])} |")
+    lessons = [r for r in rows if r["path"] != "deep dive"]
+    for name, pick in (("core path, 00-05", lambda r: r["path"] == "core"),
+                       ("00-09", lambda r: int(r["lesson"][:2]) <= 9),
+                       ("every lesson, 00-11", lambda r: True)):
+        total = sum(r["total_min"] for r in lessons if pick(r))
+        lines.append(f"| **{name}** | | | | | | **{hours(total)}** |")
     return "\n".join(lines)
 
 
