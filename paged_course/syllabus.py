@@ -1,13 +1,12 @@
 """The course's lessons, 00 to 11, and which of them exist in this checkout.
 
 A lesson *exists* when its notebook ``notebooks/NN_*.ipynb`` is there; the others are planned.
-Lesson 00 prints this table from the files, so it never claims a lesson that is not written;
-its time comes from ``workshop/lesson_times.json`` (``tools/lesson_times.py`` writes it).
+Lesson 00 prints this table from the files, so it never claims a lesson that is not written.
+Each lesson's time is in the README's syllabus (``tools/lesson_times.py`` writes it).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,15 +51,6 @@ LESSONS = (
 
 #: Lessons 00-05 are the core path; 06-11 extend it.
 CORE = range(0, 6)
-#: Each lesson's time, written by ``tools/lesson_times.py``.
-TIMES = ROOT / "workshop" / "lesson_times.json"
-
-
-def lesson_minutes(path: Path = TIMES) -> dict[str, int]:
-    """Minutes per notebook file name (reading + exercises + Run All), {} if not measured."""
-    if not path.exists():
-        return {}
-    return {r["notebook"]: r["total_min"] for r in json.loads(path.read_text())["lessons"]}
 
 
 def notebook(lesson: Lesson, folder: Path | None = None) -> Path | None:
@@ -71,14 +61,11 @@ def notebook(lesson: Lesson, folder: Path | None = None) -> Path | None:
 
 def syllabus_markdown(folder: Path | None = None) -> str:
     """The lessons as a Markdown table; the state column comes from the notebook files."""
-    minutes = lesson_minutes()
-    lines = ["| lesson | state | path | what you build | GPU needed? | time |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| lesson | state | path | what you build | GPU needed? |", "|---|---|---|---|---|"]
     for lesson in LESSONS:
         nb = notebook(lesson, folder)
         state = f"ready: `{nb.name}`" if nb else "planned"
         path = "core" if lesson.number in CORE else "extension"
-        time = f"{minutes[nb.name]} min" if nb and nb.name in minutes else "-"
         lines.append(f"| {lesson.number:02d} {lesson.topic} | {state} | {path} | "
-                     f"{lesson.builds} | {lesson.gpu} | {time} |")
+                     f"{lesson.builds} | {lesson.gpu} |")
     return "\n".join(lines)

@@ -41,8 +41,6 @@ WORDS_PER_MINUTE = 150
 MINUTES_PER_LINE = 1.5
 #: Minutes per exercise to run its check, read a failure and fix it once.
 MINUTES_PER_CHECK = 3.0
-#: The core path; the rest are extensions.
-CORE = range(0, 6)
 
 WORD = re.compile(r"[A-Za-z0-9][\w'’.,%×/+-]*")
 EXERCISE = re.compile(r'NotImplementedError\("Exercise (\d+\.\d+[a-z]?): (\w+)"\)')
@@ -122,7 +120,11 @@ def exercises(lesson: int) -> list[dict]:
 
 
 def lesson_table() -> list[dict]:
-    """One row per notebook: words, reading / doing / run minutes, total, core or extension."""
+    """One row per notebook: words, reading / doing / run minutes, total, core or extension
+    (``paged_course.syllabus.CORE``)."""
+    sys.path.insert(0, str(ROOT))
+    from paged_course.syllabus import CORE
+
     timings = json.loads(TIMINGS.read_text())["notebooks"] if TIMINGS.exists() else {}
     rows = []
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")):
