@@ -49,7 +49,8 @@ test-gpu: install
 test-exercises: install
 	$(PY) -m pytest tests/exercises --impl exercises $(if $(EX),-k $(EX),)
 
-## Notebook 02 in headless Chromium inside a real JupyterLab (needs chromium: see README).
+## Notebooks 02 and 07 in headless Chromium inside a real JupyterLab (needs chromium: see
+## docs/troubleshooting.md).
 test-browser: install
 	$(PY) -m pip install -q "playwright>=1.45"
 	PAGED_REF_BROWSER=1 $(PY) -m pytest tests/browser -p no:xdist -o addopts= -v

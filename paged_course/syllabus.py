@@ -2,6 +2,7 @@
 
 A lesson *exists* when its notebook ``notebooks/NN_*.ipynb`` is there; the others are planned.
 Lesson 00 prints this table from the files, so it never claims a lesson that is not written.
+Each lesson's time is in the README's syllabus (``tools/lesson_times.py`` writes it).
 """
 
 from __future__ import annotations
@@ -21,27 +22,35 @@ class Lesson:
 
 
 LESSONS = (
-    Lesson(0, "set-up", "the machine check and a first Triton kernel", "no"),
-    Lesson(1, "KV cache", "why a KV cache exists; how much memory contiguous reservation "
-           "wastes (simulation)", "no"),
-    Lesson(2, "block allocator", "a block allocator, block tables, slot mapping; the "
+    Lesson(0, "set-up", "check the machine; a ten-line Triton kernel, in the interpreter or "
+           "compiled", "no"),
+    Lesson(1, "KV cache", "the KV cache on a tiny attention; bytes per token of real models; "
+           "contiguous reservation vs paging, simulated", "no"),
+    Lesson(2, "block allocator", "allocator, block tables, `append_slot`, slot mapping; the "
            "block-table explorer", "no"),
-    Lesson(3, "gather attention", "attention that gathers K/V through the block table "
-           "(the torch reference)", "no"),
-    Lesson(4, "Triton paged decode", "a one-pass Triton paged decode kernel", "timings only"),
-    Lesson(5, "split-KV", "flash-decoding: split the KV cache, merge with log-sum-exp",
+    Lesson(3, "gather attention", "the reference: gather K/V through the table, masked "
+           "softmax; a prefill + decode loop", "no"),
+    Lesson(4, "Triton paged decode", "a Triton kernel that reads blocks in place with an "
+           "online softmax", "timings only"),
+    Lesson(5, "split-KV", "flash-decoding: split long sequences across programs, merge by "
+           "log-sum-exp", "timings only"),
+    Lesson(6, "the cost around the kernel", "where a call's time goes; plan once, run many; "
+           "CUDA graphs; page size; the roofline", "timings only"),
+    Lesson(7, "sharing blocks", "reference counts, fork, copy-on-write, prefix caching with "
+           "LRU eviction, a host tier", "no"),
+    Lesson(8, "paged prefill", "many query rows per sequence: the causal mask shifted by a "
+           "cached prefix, chunked prefill, a tiled Triton kernel", "timings only"),
+    Lesson(9, "serving engine", "`paged_ref.engine` serves SmolLM2-135M: continuous batching, "
+           "chunked prefill, preemption, prefix caching; your scheduler policies",
            "timings only"),
-    Lesson(6, "the cost around the kernel", "host checks, syncs, launches, CUDA graphs, "
-           "plan/run; page size and the roofline", "timings only"),
-    Lesson(7, "sharing blocks", "reference counts, copy-on-write, prefix caching with "
-           "eviction", "no"),
-    Lesson(8, "paged prefill", "prefill over the paged cache: chunked prefill, prefix hits",
-           "timings only"),
-    Lesson(9, "a serving engine", "a small engine on a real LLM: more requests per GPU, "
-           "measured", "timings only"),
-    Lesson(10, "quantised KV caches", "FP8 / INT4 caches with scales", "timings only"),
-    Lesson(11, "two GPUs", "moving KV blocks between GPUs", "yes (two)"),
+    Lesson(10, "quantised KV caches", "FP8 (e4m3) and INT4 caches with their scales, the "
+           "quantising write, de-quantising kernels", "timings only"),
+    Lesson(11, "two GPUs", "moving a prompt's KV blocks between engines (disaggregated "
+           "prefill and decode); two processes on a CPU", "timings only (two)"),
 )
+
+#: Lessons 00-05 are the core path; 06-11 extend it.
+CORE = range(0, 6)
 
 
 def notebook(lesson: Lesson, folder: Path | None = None) -> Path | None:
@@ -52,10 +61,11 @@ def notebook(lesson: Lesson, folder: Path | None = None) -> Path | None:
 
 def syllabus_markdown(folder: Path | None = None) -> str:
     """The lessons as a Markdown table; the state column comes from the notebook files."""
-    lines = ["| lesson | state | what you build | GPU needed? |", "|---|---|---|---|"]
+    lines = ["| lesson | state | path | what you build | GPU needed? |", "|---|---|---|---|---|"]
     for lesson in LESSONS:
         nb = notebook(lesson, folder)
         state = f"ready: `{nb.name}`" if nb else "planned"
-        lines.append(f"| {lesson.number:02d} {lesson.topic} | {state} | {lesson.builds} | "
-                     f"{lesson.gpu} |")
+        path = "core" if lesson.number in CORE else "extension"
+        lines.append(f"| {lesson.number:02d} {lesson.topic} | {state} | {path} | "
+                     f"{lesson.builds} | {lesson.gpu} |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""What the README's troubleshooting says of Triton's interpreter, checked: it rounds float32 ->
+"""What docs/troubleshooting.md says of Triton's interpreter, checked: it rounds float32 ->
 bfloat16 toward zero (a GPU rounds to nearest even), which doubles a bfloat16 kernel's error on
-a CPU. If a Triton upgrade changes that, this fails and the README's note must change."""
+a CPU. If a Triton upgrade changes that, this fails and that note must change."""
 
 from __future__ import annotations
 
