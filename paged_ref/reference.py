@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from paged_ref.cache_math import cdiv, default_scale, slot_of, token_slots  # noqa: F401 (re-export)
+from paged_ref.cache_math import cdiv, default_scale, token_slots  # noqa: F401 (re-export)
 from paged_ref.quant import QuantizedKV
 
 
@@ -84,25 +84,30 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copy every cached token into contiguous K/V.
 
-    Returns k, v [B, max_len, Hkv, D] (positions past a sequence's length hold an arbitrary
-    cached token) and ``valid`` [B, max_len] bool. Table entries past a sequence's used blocks
-    are never dereferenced. A :class:`~paged_ref.QuantizedKV` cache gives float32 values:
-    its codes and scales are gathered, then de-quantised (only the gathered tokens).
+    Table entries past a sequence's used blocks are never dereferenced.
+
+    Args:
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` tensors, or
+            :class:`~paged_ref.QuantizedKV` caches (their codes and scales are gathered, then
+            de-quantised: only the gathered tokens).
+        block_tables: int ``[B, max_blocks]``.
+        seq_lens: int ``[B]``.
+        max_len: the longest length (at least ``max(seq_lens)``).
+
+    Returns:
+        ``(k, v, valid)``: k, v ``[B, max_len, Hkv, D]`` in the cache's dtype (float32 for a
+        quantised cache; positions past a sequence's length hold an arbitrary cached token),
+        ``valid`` bool ``[B, max_len]``.
     """
     block_size = k_cache.shape[1]
     pos = torch.arange(max_len, device=k_cache.device)
     valid = pos[None, :] < seq_lens[:, None].long()  # [B, max_len]
     block = block_tables.long()[:, pos // block_size]  # [B, max_len] physical block per token
     block = torch.where(valid, block, 0)  # never follow an unused entry
-    slots = slot_of(block, pos, block_size)  # [B, max_len], cache_math's formula on tensors
-    return _gather_slots(k_cache, slots), _gather_slots(v_cache, slots), valid
-
-
-def _gather_slots(cache, slots: torch.Tensor) -> torch.Tensor:
-    """``cache`` rows at ``slots`` [B, L]: [B, L, Hkv, D] (de-quantised if quantised)."""
-    if isinstance(cache, QuantizedKV):
-        return cache.take_slots(slots).dequantize()
-    return cache.flatten(0, 1)[slots]
+    slots = block * block_size + pos % block_size  # [B, max_len]: cache_math.slot_of
+    k, v = (c.take_slots(slots).dequantize() if isinstance(c, QuantizedKV)
+            else c.flatten(0, 1)[slots] for c in (k_cache, v_cache))
+    return k, v, valid
 
 
 def contiguous_attention(

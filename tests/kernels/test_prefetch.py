@@ -16,7 +16,6 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import _device
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import kv_formats
 from paged_ref.kernels.triton import split as triton_split
@@ -54,15 +53,6 @@ def check_both(inp, decode=triton_decode.paged_attention_triton,
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_prefetch_matches_float64(case):
     check_both(inputs(*case), name=case[0])
-
-
-def test_launch_options_pass_maxnreg_on_a_gpu_only(monkeypatch):
-    cfg = KernelConfig(64, 2, 3, maxnreg=128)
-    monkeypatch.setattr(_device, "INTERPRET", False)
-    assert cfg.launch_options() == dict(num_warps=2, num_stages=3, maxnreg=128)
-    assert KernelConfig().launch_options() == dict(num_warps=4, num_stages=3)
-    monkeypatch.setattr(_device, "INTERPRET", True)  # the interpreter takes no maxnreg
-    assert cfg.launch_options() == dict(num_warps=2, num_stages=3)
 
 
 PLANTED = [  # (module, old, new, case id)

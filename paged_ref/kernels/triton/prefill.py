@@ -291,10 +291,10 @@ def paged_prefill_triton(
     the short ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay
     for a 128-row tile. ``out`` may be given to skip the allocation. Returns [T, Hq, D].
     """
-    if q.stride(-1) != 1:
+    if q.stride(-1) != 1:  # the kernel reads head_dim with stride 1 (other strides are passed)
         q = q.contiguous()
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     batch = seq_lens.shape[0]
     if query_lens is not None:
         max_query_len = max(query_lens, default=0)

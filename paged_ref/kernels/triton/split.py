@@ -40,7 +40,6 @@ from paged_ref.kernels.triton.decode import (
 )
 from paged_ref.kernels.triton.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton.launch import launch
-from paged_ref.validation import Lengths
 
 #: Programs that run at once on one multiprocessor (a rough figure for these kernels).
 PROGRAMS_PER_SM = 4
@@ -134,8 +133,18 @@ def plan_split(
                      eager_fused_merge=total_tokens * num_kv_heads <= EAGER_FUSED_MAX_WORK)
 
 
-def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
-    """:func:`plan_split` for these inputs on their device (``lengths`` from the checks)."""
+def plan_for_inputs(q: torch.Tensor, k_cache, lengths) -> SplitPlan:
+    """:func:`plan_split` for these inputs on their device.
+
+    Args:
+        q: ``[batch, Hq, D]``; k_cache: ``[num_blocks, block_size, Hkv, D]`` (a tensor or a
+            QuantizedKV).
+        lengths: the checked lengths: anything with ``max_len`` and ``total_tokens`` ints
+            (:class:`paged_ref.validation.Lengths`).
+
+    Returns:
+        SplitPlan.
+    """
     return plan_split(
         batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
         total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
@@ -334,9 +343,11 @@ def paged_attention_split(
     out, done = prepare_out(out, q, k_cache)
     if done:
         return out
-    if plan is None:
+    if plan is None:  # (a direct call: the public ones come with a plan)
         max_len = int(seq_lens.max()) if max_len is None else max_len
-        plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
+        plan = plan_split(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+                          total_tokens=int(seq_lens.sum()),
+                          num_sms=num_multiprocessors(q.device))
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     if plan.num_chunks == 1:  # one chunk per sequence is the one-pass kernel, with no merge
