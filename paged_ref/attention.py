@@ -76,9 +76,9 @@ def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=
         return result if out is None else out.copy_(result)
     if out is None:  # NOTE: always contiguous, whatever q's strides
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if q.shape[-1] > 1 and q.stride(-1) != 1:  # the kernels read head_dim with stride 1
-        q = q.contiguous()
     if plan.backend == "cuda":
+        if q.shape[-1] > 1 and q.stride(-1) != 1:  # (the Triton wrappers copy q themselves)
+            q = q.contiguous()  # NOTE: the CUDA kernels read head_dim with stride 1
         return plan.cuda.run(q, k_cache, v_cache, block_tables, seq_lens, out)
     if plan.split is None:
         from paged_ref.kernels.triton.decode import paged_attention_triton

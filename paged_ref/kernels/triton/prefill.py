@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
-from paged_ref.kernels.triton.decode import launch_constants
+from paged_ref.kernels.triton.decode import launch_constants, unit_last_stride
 from paged_ref.kernels.triton.kv_formats import (
     KV_FP8_TENSOR,
     KV_FP8_TOKEN_HEAD,
@@ -291,8 +291,10 @@ def paged_prefill_triton(
     the short ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay
     for a 128-row tile. ``out`` may be given to skip the allocation. Returns [T, Hq, D].
     """
-    if q.stride(-1) != 1:  # the kernel reads head_dim with stride 1 (other strides are passed)
-        q = q.contiguous()
+    # NOTE: the kernel reads head_dim, a table row and the lengths with stride 1 (the other
+    # strides are passed): a copy otherwise (they are small).
+    q, block_tables, seq_lens, query_start_loc = (unit_last_stride(t) for t in (
+        q, block_tables, seq_lens, query_start_loc))
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     batch = seq_lens.shape[0]
