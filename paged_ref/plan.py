@@ -58,9 +58,9 @@ class DecodePlan:
     dtype: torch.dtype
     device: torch.device
     max_seq_len: int
-    scale: float | None
-    split: object | None = None  # kernels.triton_split.SplitPlan
-    scratch: object | None = None  # kernels.triton_split.SplitScratch
+    scale: float  # the softmax scale (head_dim ** -0.5 when none was given)
+    split: object | None = None  # kernels.triton.split.SplitPlan
+    scratch: object | None = None  # kernels.triton.split.SplitScratch
     kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
     cuda: object | None = None  # kernels.cuda_fp8.CudaDecodePlan (backend "cuda")
 
@@ -146,9 +146,19 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
 
 def cuda_refusal_for(backend: str, kv_format, dtype: torch.dtype, device: torch.device, *,
                      head_dim: int, group: int, block_size: int) -> str | None:
-    """Why the CUDA kernels would not run this call (``None``: they would), asked only for
-    ``"auto"`` and ``"cuda"`` on quantised caches on a GPU (nothing is compiled or imported
-    from them otherwise)."""
+    """Why the CUDA kernels would not run this call, asked only for ``"auto"`` and
+    ``"cuda"`` on quantised caches on a GPU (nothing is compiled or imported from them
+    otherwise).
+
+    Args:
+        backend: the call's backend.
+        kv_format: the caches' KVFormat (None: plain tensors).
+        dtype, device: q's.
+        head_dim, group, block_size: the call's sizes (group: query heads per KV head).
+
+    Returns:
+        The reason, for a message (``"... they run on a CUDA GPU only"``), or None: they would.
+    """
     if kv_format is None:
         return "the cache is not quantised"
     if backend not in ("auto", "cuda"):
@@ -218,8 +228,15 @@ def _positive_int(name: str, value) -> int:
 
 
 def host_lengths(seq_lens) -> list[int]:
-    """``seq_lens`` as a list of Python ints: from a list/tuple of ints or a CPU int tensor
-    (never a CUDA tensor: that would be the read-back a plan exists to avoid)."""
+    """Host lengths as a list of Python ints.
+
+    Args:
+        seq_lens: a list/tuple of ints, or a 1-D CPU int tensor (never a CUDA tensor: that
+            would be the read-back a plan exists to avoid).
+
+    Returns:
+        list[int]. Raises: TypeError for anything else, naming the entry.
+    """
     if isinstance(seq_lens, torch.Tensor):
         if seq_lens.device.type != "cpu" or seq_lens.dim() != 1 or seq_lens.is_floating_point():
             raise TypeError("seq_lens must be host lengths: a list of ints or a 1-D CPU int "

@@ -41,10 +41,16 @@ PREFILL_BACKENDS = ("auto", "torch", "triton")
 def prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
                             scale=None, causal=True, lengths: PrefillLengths | None = None):
     """``backend="torch"``: per sequence, gather its K/V through the block table, then dense
-    masked attention (float32 accumulation; float64 for float64 inputs).
+    masked attention (float32 accumulation; float64 for float64 inputs). Inputs are assumed
+    valid.
 
-    Inputs are assumed valid; ``lengths`` (host ints from the checks) saves reading them back.
-    Returns [total_query_tokens, num_q_heads, head_dim] in q's dtype.
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal: as for
+            :func:`paged_prefill`.
+        lengths: the checks' host lengths; given, nothing is read back from the device.
+
+    Returns:
+        ``[total_query_tokens, num_q_heads, head_dim]`` in q's dtype, contiguous.
     """
     if lengths is None:
         starts = query_start_loc.tolist()
@@ -80,7 +86,15 @@ def prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_s
 def paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
                             scale=None, causal=True) -> torch.Tensor:
     """Prefill attention in float64 on the CPU, one sequence and query head at a time, written
-    for clarity: the answer every backend is checked against. Returns float64 [T, Hq, D]."""
+    for clarity: the answer every backend is checked against.
+
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal: as for
+            :func:`paged_prefill` (any float dtype; QuantizedKV caches are de-quantised).
+
+    Returns:
+        float64 ``[total_query_tokens, num_q_heads, head_dim]`` on the CPU.
+    """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     total, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads

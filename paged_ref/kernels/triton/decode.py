@@ -321,11 +321,23 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Launch :func:`paged_decode_kernel`. Inputs as in ``paged_attention`` (already checked).
+    """Launch :func:`paged_decode_kernel`: one program per (sequence, KV head).
 
-    Returns [batch, num_q_heads, head_dim] in q's dtype. ``out`` may be given to skip the
-    allocation (the benchmark and planned calls do). Lengths are clamped to ``max_seq_len``
-    (default: what the table holds, ``max_blocks_per_seq * block_size``).
+    Args:
+        q: ``[batch, Hq, D]`` float16 / bfloat16 / float32, any strides (a copy when head_dim's
+            stride is not 1).
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` contiguous tensors of q's dtype,
+            or :class:`~paged_ref.QuantizedKV` caches.
+        block_tables: int32 ``[batch, max_blocks_per_seq]``; seq_lens: int32 ``[batch]``
+            (``-1`` rows are skipped). Values already checked (the kernel trusts them).
+        scale: softmax scale, default ``head_dim ** -0.5``.
+        config: launch shape, default :func:`default_config`.
+        out: ``[batch, Hq, D]`` of q's dtype, head_dim stride 1; default a new contiguous one.
+        max_seq_len: lengths are clamped to it; default what the table holds
+            (``max_blocks_per_seq * block_size``).
+
+    Returns:
+        ``out``: ``[batch, Hq, D]`` in q's dtype.
     """
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape

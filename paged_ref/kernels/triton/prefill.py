@@ -283,13 +283,22 @@ def paged_prefill_triton(
     config: PrefillConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch :func:`paged_prefill_kernel`; inputs as in ``paged_prefill`` (already checked).
+    """Launch :func:`paged_prefill_kernel`. With ``query_lens`` and no ``config``, a batch that
+    mixes decode-like sequences (a few query rows) with long ones is launched twice: the short
+    ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay for a
+    128-row tile.
 
-    ``max_query_len`` (the most query rows of any sequence) sizes the grid; pass it, or the
-    host list ``query_lens``, to avoid a read-back. With ``query_lens`` and no ``config``, a
-    batch that mixes decode-like sequences (a few query rows) with long ones is launched twice:
-    the short ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay
-    for a 128-row tile. ``out`` may be given to skip the allocation. Returns [T, Hq, D].
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal: as for
+            :func:`paged_ref.paged_prefill`, values already checked; any strides.
+        max_query_len: the most query rows of any sequence (sizes the grid); pass it, or
+            ``query_lens`` (host ints), to avoid a read-back.
+        query_lens: host list of each sequence's query rows.
+        config: launch shape, default :func:`default_config`.
+        out: ``[T, Hq, D]`` of q's dtype, head_dim stride 1; default a new contiguous one.
+
+    Returns:
+        ``out``: ``[total_query_tokens, Hq, D]`` in q's dtype.
     """
     # NOTE: the kernel reads head_dim, a table row and the lengths with stride 1 (the other
     # strides are passed): a copy otherwise (they are small).

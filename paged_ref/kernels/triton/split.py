@@ -113,6 +113,16 @@ def plan_split(
     into equal chunks of about the even share (at least ``min_chunk``, a multiple of ``tile``),
     half of it when the lengths are ragged (the longest well above the mean).
     Uses only these numbers, so the plan (and the result) is the same on every call.
+
+    Args:
+        batch, num_kv_heads: the call's sizes.
+        max_len, total_tokens: the longest and the summed length (tokens).
+        num_sms: the GPU's multiprocessors (:func:`num_multiprocessors`).
+        tile: the kernel's tokens per step (chunks are multiples of it).
+        programs_per_sm, min_chunk: see :data:`PROGRAMS_PER_SM`, :data:`MIN_CHUNK`.
+
+    Returns:
+        SplitPlan (one chunk: no split).
     """
     if max_len <= 0:
         return SplitPlan(chunk_size=1, num_chunks=1)
@@ -329,13 +339,21 @@ def paged_attention_split(
     scratch: SplitScratch | None = None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Split-KV decode. Inputs as in ``paged_attention`` (already checked).
+    """Split-KV decode: :func:`split_kv_kernel` over ``plan.num_chunks`` chunks per
+    sequence, then the merge (fused, or :func:`merge_kernel`).
 
-    ``plan`` fixes the chunking (else :func:`plan_split` is called, which reads the lengths
-    back from the device). ``scratch`` (from a plan; else allocated here) holds the partials.
-    Lengths are clamped to ``max_seq_len`` (default: what the table holds), which must not
-    exceed ``plan.num_chunks * plan.chunk_size``. Returns [batch, num_q_heads, head_dim] in
-    q's dtype.
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, scale, config, out: as for
+            :func:`~paged_ref.kernels.triton.decode.paged_attention_triton`.
+        plan: the chunking; default :func:`plan_split` of the lengths (read back from the
+            device, or ``max_len`` given).
+        max_len: the longest length, for that default plan.
+        scratch: the partials' buffers (a plan's); default allocated here.
+        max_seq_len: lengths are clamped to it (default what the table holds); at most
+            ``plan.num_chunks * plan.chunk_size``.
+
+    Returns:
+        ``out``: ``[batch, Hq, D]`` in q's dtype.
     """
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
