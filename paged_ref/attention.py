@@ -18,7 +18,7 @@ once on the host: the call reads nothing back and can be captured in a CUDA grap
 Without a plan, on a GPU, the value checks run as a Triton kernel
 (:mod:`paged_ref.kernels.triton.checks`) queued *before* the attention kernel, which reads the
 checked lengths (``-1`` for a row that failed: skipped, never read); the host waits for the
-checks' verdict only after both are queued (:func:`checked_while_running`), so the GPU never
+checks' verdict only after both are queued, so the GPU never
 idles waiting for the host. Elsewhere the values are checked first (one read-back).
 """
 

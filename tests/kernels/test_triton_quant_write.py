@@ -157,7 +157,7 @@ def test_planted_mistakes_are_caught(mistake, tmp_path, monkeypatch):
 
 
 def test_the_kernel_writes_out_the_quantisers_constants():
-    """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay quant.py's."""
+    """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay paged_ref.quant's."""
     from paged_ref.quant import FP8_MAX, INT4_MAX
 
     source = inspect.getsource(triton_quant_write)

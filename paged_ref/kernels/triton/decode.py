@@ -61,6 +61,12 @@ class KernelConfig:
     num_stages: int = 3
     prefetch: bool = False
 
+    @property
+    def label(self) -> str:
+        """``t64,w4,s3`` (``,prefetch`` when set): for tables (the bench's config sweep)."""
+        return f"t{self.tile},w{self.num_warps},s{self.num_stages}" + (
+            ",prefetch" if self.prefetch else "")
+
     def launch_options(self) -> dict:
         """Triton's launch options for this config."""
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
