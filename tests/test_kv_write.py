@@ -7,17 +7,21 @@ import pytest
 import torch
 
 from paged_course.checks import assert_equal
+from paged_ref import _device
 from paged_ref.kv_write import write_kv
 from tests.mutations.mutate import mutant_of
+
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 
 def _inputs(dtype=torch.float16, num_tokens=11, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(6, 5, 2, 24, generator=gen).to(dtype)  # block size 5: not a power of 2
-    v_cache = torch.randn(6, 5, 2, 24, generator=gen).to(dtype)
-    k = torch.randn(num_tokens, 2, 24, generator=gen).to(dtype)
-    v = torch.randn(num_tokens, 2, 24, generator=gen).to(dtype)
-    slots = torch.randperm(30, generator=gen)[:num_tokens].to(torch.int32)
+    k_cache = torch.randn(6, 5, 2, 24, generator=gen).to(DEVICE, dtype)  # block size 5
+    v_cache = torch.randn(6, 5, 2, 24, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(num_tokens, 2, 24, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(num_tokens, 2, 24, generator=gen).to(DEVICE, dtype)
+    slots = torch.randperm(30, generator=gen)[:num_tokens].to(DEVICE, torch.int32)
     return k, v, k_cache, v_cache, slots
 
 
@@ -34,7 +38,7 @@ def test_writes_exactly_the_slots(backend, dtype):
 
 def test_triton_strided_k_and_no_tokens():
     k, v, k_cache, v_cache, slots = _inputs(torch.float32)
-    wide = torch.randn(11, 4, 24)
+    wide = torch.randn(11, 4, 24, device=DEVICE)
     wide[:, 1:3] = k
     write_kv(wide[:, 1:3], v, k_cache, v_cache, slots, backend="triton")
     assert_equal(k_cache.view(30, 2, 24)[slots.long()], k, name="k rows")
@@ -45,7 +49,8 @@ def test_triton_strided_k_and_no_tokens():
 
 @pytest.mark.parametrize("change, error, words", [
     (lambda a: a.__setitem__(4, a[4].float()), TypeError, "slot_mapping"),
-    (lambda a: a.__setitem__(4, torch.tensor([0, 1] * 5 + [2], dtype=torch.int32)),
+    (lambda a: a.__setitem__(4, torch.tensor([0, 1] * 5 + [2], dtype=torch.int32,
+                                             device=DEVICE)),
      ValueError, "more than once"),
     (lambda a: a[4].__setitem__(3, 30), ValueError, "slot_mapping[3]"),
     (lambda a: a[4].__setitem__(0, -1), ValueError, "slot_mapping[0]"),
@@ -90,7 +95,7 @@ def test_one_tensor_as_both_caches_is_refused(backend):
 def test_k_and_v_halves_of_one_buffer_are_fine(backend):
     """``kv[0]``, ``kv[1]`` of one ``[2, ...]`` tensor share a storage but no byte."""
     k, v, k_cache, _, slots = _inputs(torch.float32, seed=22)
-    kv = torch.randn(2, *k_cache.shape, generator=torch.Generator().manual_seed(22))
+    kv = torch.randn(2, *k_cache.shape, generator=torch.Generator().manual_seed(22)).to(DEVICE)
     want_k, want_v = _expected(k, v, kv[0], kv[1], slots)
     write_kv(k, v, kv[0], kv[1], slots, backend=backend)
     assert_equal(_rows(kv[0]), want_k, name="k_cache")
@@ -109,7 +114,7 @@ def _aliased(src, cache_name, first, seed):
     caches = {"k_cache": k_cache, "v_cache": v_cache}
     view = _rows(caches[cache_name])[first : first + 5]
     k, v = (view, v) if src == "k" else (k, view)
-    return k, v, k_cache, v_cache, torch.arange(3, 8, dtype=torch.int32)
+    return k, v, k_cache, v_cache, torch.arange(3, 8, dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

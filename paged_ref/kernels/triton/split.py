@@ -54,17 +54,15 @@ CHUNK_TILE = 16
 #: a step.
 MERGE_TILE_ELEMENTS = 8192
 #: Plans with at most this many chunks merge inside the split kernel (one launch). 0: never.
-#: Measured on an H200 (benchmarks/h200/bench.json, 2026-11-30, fused for B4_L2048, B8_L32768,
-#: B32_ragged): slower than the separate merge kernel of the previous run (chunks.json) on each:
-#: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs 95.5 %, B32_ragged
-#: 84.8 vs 90.5 % of copy bandwidth; the last program's serial merge (and the merge code's
-#: registers in every program) cost more than the second launch saves.
+#: Measured on an H200 (B4_L2048, B8_L32768, B32_ragged) it was slower than the separate
+#: merge kernel on each: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs
+#: 95.5 %, B32_ragged 84.8 vs 90.5 % of copy bandwidth (the last program's serial merge, and
+#: the merge code's registers in every program, cost more than the second launch saves).
 FUSED_MERGE_MAX_CHUNKS = 0
 #: ...but outside a CUDA graph a launch costs host time, and a small call is bound by it: plans
 #: with at most this much work (tokens x KV heads) merge inside the split kernel when run
-#: eagerly, and use the second kernel when captured. Measured on an H200 (B4_L2048, 65,536
-#: token-heads, planned eager calls): 0.0291 ms fused (benchmarks/h200/bench.json) vs 0.0345 ms
-#: with the merge kernel (bench_separate_merge.json); replayed from a graph, 0.0291 vs 0.0226.
+#: eagerly, the second kernel when captured. On an H200 (B4_L2048, 65,536 token-heads, planned
+#: eager calls): 0.0291 ms fused vs 0.0345 with the merge kernel; from a graph 0.0291 vs 0.0226.
 EAGER_FUSED_MAX_WORK = 1 << 17
 
 
@@ -144,17 +142,9 @@ def plan_split(
 
 
 def plan_for_inputs(q: torch.Tensor, k_cache, lengths) -> SplitPlan:
-    """:func:`plan_split` for these inputs on their device.
-
-    Args:
-        q: ``[batch, Hq, D]``; k_cache: ``[num_blocks, block_size, Hkv, D]`` (a tensor or a
-            QuantizedKV).
-        lengths: the checked lengths: anything with ``max_len`` and ``total_tokens`` ints
-            (:class:`paged_ref.validation.Lengths`).
-
-    Returns:
-        SplitPlan.
-    """
+    """:func:`plan_split` for ``q`` ``[batch, Hq, D]`` and ``k_cache`` ``[..., Hkv, D]`` on
+    their device; ``lengths``: anything with ``max_len`` and ``total_tokens`` (ints), e.g.
+    :class:`paged_ref.validation.Lengths`. Returns a SplitPlan."""
     return plan_split(
         batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
         total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
