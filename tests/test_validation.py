@@ -14,9 +14,11 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import paged_attention
+from paged_ref import _device, paged_attention
 
 BLOCK_SIZE = 8
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 
 def _valid(**kw):
@@ -217,7 +219,7 @@ def test_meta_in_prefill_and_write_kv_names_the_argument():
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_any_real_scalar_is_a_scale(scale, backend):
     """Python and NumPy real scalars alike (the same answer as the float)."""
-    args = _valid()
+    args = {name: t.to(DEVICE) for name, t in _valid().items()}
     out = paged_attention(*args.values(), scale=scale, backend=backend)
     assert_close(out, paged_attention(*args.values(), scale=float(scale), backend="torch")
                  .double(), name=f"scale={scale!r}")
@@ -240,7 +242,7 @@ def test_numpy_scale_in_plan_and_prefill():
                        scale=np.float32(0.5))
     assert type(plan.scale) is float and plan.scale == 0.5
     inp = make_prefill_inputs([9, 4], [3, 4], seed=6, num_q_heads=4, num_kv_heads=2,
-                              head_dim=16, block_size=4)
+                              head_dim=16, block_size=4, device=DEVICE)
     for backend in ("torch", "triton"):
         out = paged_prefill(*inp.args(), scale=np.float32(0.5), backend=backend)
         assert_close(out, inp.reference(scale=0.5), name=backend)
