@@ -160,6 +160,23 @@ def test_prefill_random_layouts_give_the_reference(backend, seed):
     assert_close(out, want, name=f"{backend}, q strides {q.stride()}")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_cuda_kernels_take_any_q_layout(fmt):
+    """The hand-written CUDA kernels read head_dim with stride 1: the call hands them a
+    contiguous q (and allocates a contiguous output)."""
+    from paged_ref.kernels.cuda_fp8 import cuda_fp8_available
+
+    if not cuda_fp8_available():
+        pytest.skip("needs nvcc and compute capability >= 8.9")
+    inp = make_paged_inputs([37, 5, 64], num_q_heads=8, num_kv_heads=2, head_dim=128,
+                            block_size=16, dtype=torch.bfloat16, device=DEVICE,
+                            seed=9).quantized(fmt)
+    out = paged_attention(scenario_8(inp.q), *inp.args()[1:], backend="cuda")
+    assert out.is_contiguous()
+    assert_close(out, inp.reference(), name=f"cuda {fmt}")
+
+
 # The mistake of scenario 8, planted back: the output allocated like q (q's strides).
 PLANTED = [
     (attention, "out = torch.empty(q.shape, dtype=q.dtype, device=q.device)",
