@@ -60,7 +60,7 @@ def check_aliasing(k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
     if _overlap(k_cache, v_cache) is not None:
         raise ValueError("k_cache and v_cache share memory (one tensor passed as both?): V "
                          "would overwrite K; pass two caches")
-    row_bytes = k_cache[0, 0].numel() * k_cache.element_size()
+    row_bytes = k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()  # one slot
     for src_name, src in (("k", k), ("v", v)):
         for cache_name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             shared = _overlap(src, cache)

@@ -150,3 +150,11 @@ def test_planted_missing_aliasing_check_is_caught(tmp_path, monkeypatch):
         for case in OVERLAPS[:3]:
             with pytest.raises((AssertionError, pytest.fail.Exception, RuntimeError)):
                 test_source_that_overlaps_its_destination(backend, *case)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_no_tokens_into_a_pool_of_no_blocks(backend):
+    k_cache = torch.zeros(0, 4, 2, 8, device=DEVICE)
+    k = torch.zeros(0, 2, 8, device=DEVICE)
+    write_kv(k, k, k_cache, k_cache.clone(), torch.zeros(0, dtype=torch.int32, device=DEVICE),
+             backend=backend)
