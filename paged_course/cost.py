@@ -82,20 +82,28 @@ def call_steps_us(inp, calls: int = 50) -> dict[str, float]:
     ``out=``). Each call starts with the GPU idle, so a sync costs only its round trip here
     (behind queued kernels it would also wait for them).
     """
-    from paged_ref.attention import paged_attention, run_plan
+    from paged_ref.attention import checks_on_device, paged_attention, run_plan
     from paged_ref.plan import make_plan, plan_decode
     from paged_ref.validation import check_shapes, check_values
 
+    def check_lengths(block_tables, seq_lens, shapes):  # as paged_attention does, unplanned
+        stats = None
+        if checks_on_device(seq_lens):
+            from paged_ref.kernels.triton.checks import length_stats
+
+            stats = length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+        return check_values(block_tables, seq_lens, shapes, stats)
+
     args = inp.args()
     shapes = check_shapes(*args)
-    lengths = check_values(inp.block_tables, inp.seq_lens, shapes)
+    lengths = check_lengths(inp.block_tables, inp.seq_lens, shapes)
     plan = plan_decode(inp.seq_lens.tolist(), num_q_heads=shapes.num_q_heads,
                        num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
                        block_size=shapes.block_size, dtype=inp.q.dtype, device=inp.q.device)
     out = torch.empty_like(inp.q)
     steps = {
         "check_shapes": lambda: check_shapes(*args),
-        "check_values": lambda: check_values(inp.block_tables, inp.seq_lens, shapes),
+        "check_values": lambda: check_lengths(inp.block_tables, inp.seq_lens, shapes),
         "dispatch_and_scratch": lambda: make_plan(
             "auto", shapes, inp.q.dtype, inp.q.device, max_len=lengths.max_len,
             total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len, scale=None),

@@ -39,7 +39,7 @@ def current_stream_handle(device_index: int) -> int:
     """The handle (``cudaStream_t`` as an int) of ``device_index``'s current CUDA stream, to
     pass to a launch. Taken as Triton's launcher takes it (~0.3 us): ``torch.cuda.
     current_stream(i).cuda_stream`` builds a Stream object first, ~20 us of host time on the
-    H200 machine's host (``docs/lab_notes.md``)."""
+    H200 machine's host."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:  # (a torch built without CUDA; nothing is launched there)
         return torch.cuda.current_stream(device_index).cuda_stream
@@ -49,6 +49,60 @@ def current_stream_handle(device_index: int) -> int:
 def triton_device() -> str:
     """The torch device Triton kernels take tensors on here: ``"cuda"`` or ``"cpu"``."""
     return "cpu" if INTERPRET or not HAS_CUDA else "cuda"
+
+
+def triton_runs_on(device: torch.device | str) -> bool:
+    """Can a Triton kernel run on tensors on ``device`` here?
+
+    The one place that decides. In Triton's interpreter (``INTERPRET``, set on machines
+    without a GPU) kernels take CPU tensors only; compiled, CUDA tensors only. Never with
+    the triton package missing.
+
+    Args:
+        device: a ``torch.device`` or its name (``"cpu"``, ``"cuda:1"``, ``"meta"``, ...).
+
+    Returns:
+        bool: True when a Triton backend may be handed tensors on ``device``.
+    """
+    if not HAS_TRITON:
+        return False
+    return torch.device(device).type == ("cpu" if INTERPRET else "cuda")
+
+
+def check_triton_device(backend: str, name: str, device: torch.device | str) -> None:
+    """Refuse, before any launch, a Triton backend asked to run on tensors it cannot read.
+
+    Args:
+        backend: what the caller asked for, for the message (``"triton"``, ``"triton_split"``,
+            ``"fused_backend='triton'"``, ...).
+        name: the argument whose device this is (``"q"``, ``"k"``, ``"h"``, ...).
+        device: that argument's device.
+
+    Raises:
+        RuntimeError: triton is not installed here.
+        ValueError: :func:`triton_runs_on` says no; the message says what to do.
+    """
+    label = backend if "=" in backend else f"backend={backend!r}"
+    if not HAS_TRITON:
+        raise RuntimeError(f"{label} needs the triton package, which is not installed here "
+                           "(Triton has no wheels for macOS or Windows); use backend='torch'")
+    if triton_runs_on(device):
+        return
+    if INTERPRET:
+        raise ValueError(
+            f"{label}: {name} is on {device}, but Triton runs in its interpreter here "
+            "(TRITON_INTERPRET=1), which reads CPU tensors only: move the tensors to the CPU "
+            "(.cpu()) or use backend='torch' (or 'auto')")
+    raise ValueError(
+        f"{label}: {name} is on {device}, but Triton kernels are compiled for the GPU here "
+        "and read CUDA tensors only: move the tensors to the GPU (.cuda()) or use "
+        "backend='torch' (or 'auto', which picks what runs on them)")
+
+
+def compiled_triton_on(device: torch.device | str) -> bool:
+    """Do compiled Triton kernels run on ``device`` (a CUDA GPU, not the interpreter)? What
+    every ``backend="auto"`` asks: the interpreter is for learning, never picked for speed."""
+    return torch.device(device).type == "cuda" and triton_runs_on(device)
 
 
 def describe() -> str:

@@ -1,7 +1,9 @@
 """``paged_attention``: the public entry point, one function for every backend.
 
-It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.plan.dispatch`
-(the one place that decides) which backend runs and how to split, then runs it:
+A call goes down three steps and does not come back up: check the inputs
+(:mod:`paged_ref.validation`), plan (:func:`paged_ref.plan.make_plan`: the one place that
+decides which backend runs and how to split), run (:func:`run_plan`: one kernel wrapper, or the
+torch backend of :mod:`paged_ref.reference`):
 
 * ``"torch"``        gather through the block table, then dense attention (the reference);
 * ``"triton"``       one-pass Triton paged decode kernel;
@@ -13,16 +15,18 @@ It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.pl
 With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made
 once on the host: the call reads nothing back and can be captured in a CUDA graph.
 
-Without a plan, on a GPU, the checks run as a kernel queued *before* the attention kernel, which
-reads the checked lengths (``-1`` for a row that failed: skipped, never read); the host waits
-for the checks' verdict only after both are queued (:func:`checked_while_running`), so the GPU
-never idles waiting for the host. Elsewhere the values are checked first (one read-back).
+Without a plan, on a GPU, the value checks run as a Triton kernel
+(:mod:`paged_ref.kernels.triton.checks`) queued *before* the attention kernel, which reads the
+checked lengths (``-1`` for a row that failed: skipped, never read); the host waits for the
+checks' verdict only after both are queued, so the GPU never
+idles waiting for the host. Elsewhere the values are checked first (one read-back).
 """
 
 from __future__ import annotations
 
 import torch
 
+from paged_ref import _device
 from paged_ref.plan import (
     BACKENDS,
     DecodePlan,
@@ -30,41 +34,52 @@ from paged_ref.plan import (
     cuda_refusal_for,
     dispatch,
     make_plan,
+    triton_reads,
 )
-from paged_ref.quant import check_kernel_format, kernels_read
 from paged_ref.reference import paged_attention_torch
-from paged_ref.validation import (
-    Lengths,
-    Shapes,
-    check_out,
-    check_shapes,
-    check_values,
-    checks_on_device,
-    lengths_from_stats,
-)
+from paged_ref.validation import Lengths, check_out, check_scale, check_shapes, check_values
 
-__all__ = ["BACKENDS", "checked_while_running", "choose_backend", "paged_attention", "run_plan"]
+__all__ = ["BACKENDS", "checks_on_device", "choose_backend", "paged_attention", "run_plan"]
 
 
-def choose_backend(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> str:
-    """What ``backend="auto"`` runs for these inputs (see :func:`paged_ref.plan.dispatch`)."""
+
+def checks_on_device(seq_lens: torch.Tensor) -> bool:
+    """Are the value checks run by the Triton check kernel (a GPU, compiled Triton)?"""
+    return seq_lens.is_cuda and _device.compiled_triton_on(seq_lens.device)
+
+
+def choose_backend(q: torch.Tensor, k_cache, lengths: Lengths) -> str:
+    """What ``backend="auto"`` runs for these (checked) inputs: :func:`paged_ref.plan.dispatch`."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    refusal = cuda_refusal_for("auto", getattr(k_cache, "format", None), q.dtype, q.device,
-                               head_dim=head_dim, group=q.shape[1] // num_kv_heads,
-                               block_size=block_size)
+    kv_format = getattr(k_cache, "format", None)
+    refusal = cuda_refusal_for("auto", kv_format, q.dtype, q.device, head_dim=head_dim,
+                               group=q.shape[1] // num_kv_heads, block_size=block_size)
     return dispatch("auto", q.device, batch=q.shape[0], num_kv_heads=num_kv_heads,
                     max_len=lengths.max_len, total_tokens=lengths.total_tokens,
-                    cuda_refusal=refusal)[0]
+                    cuda_refusal=refusal, readable=triton_reads(kv_format, head_dim))[0]
 
 
 def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=None):
-    """Run a plan on inputs already checked against it (no value is read back)."""
-    if plan.backend == "cuda":
-        return plan.cuda.run(q, k_cache, v_cache, block_tables, seq_lens, out)
+    """Run a plan on inputs already checked against it (no value is read back).
+
+    Args:
+        plan: from :func:`paged_ref.plan.make_plan` / :func:`paged_ref.plan_decode`.
+        q, k_cache, v_cache, block_tables, seq_lens: as for :func:`paged_attention`.
+        out: None (a new contiguous output) or a checked output tensor.
+
+    Returns:
+        ``[batch, num_q_heads, head_dim]`` in q's dtype (``out`` when given).
+    """
     if plan.backend == "torch":
         result = paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
                                        scale=plan.scale, max_len=plan.max_seq_len)
         return result if out is None else out.copy_(result)
+    if out is None:  # NOTE: always contiguous, whatever q's strides
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.backend == "cuda":
+        if q.shape[-1] > 1 and q.stride(-1) != 1:  # (the Triton wrappers copy q themselves)
+            q = q.contiguous()  # NOTE: the CUDA kernels read head_dim with stride 1
+        return plan.cuda.run(q, k_cache, v_cache, block_tables, seq_lens, out)
     if plan.split is None:
         from paged_ref.kernels.triton.decode import paged_attention_triton
 
@@ -75,30 +90,6 @@ def run_plan(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out=
     return paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens, scale=plan.scale,
                                  plan=plan.split, scratch=plan.scratch, out=out,
                                  max_seq_len=plan.max_seq_len)
-
-
-def checked_while_running(backend: str, shapes: Shapes, q, k_cache, v_cache, block_tables,
-                          seq_lens, scale, out):
-    """An unplanned call of a Triton backend on a GPU, with no wait before the launch.
-
-    1. queue the check kernel (it writes ``checked_lens``: ``seq_lens``, ``-1`` for a bad row)
-       and the copy of its verdict to the host;
-    2. plan from what the shapes say: every length may be up to the table's capacity
-       (``max_blocks_per_seq * block_size``; the plan is right for any shorter one);
-    3. queue the attention kernel(s) on ``checked_lens``;
-    4. wait for the verdict only (a CUDA event after the check kernel): raise the named error
-       if a check failed (rows of ``out`` with valid inputs may have been written then).
-    """
-    from paged_ref.kernels.triton.checks import start_checks
-
-    pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
-    capacity = shapes.max_blocks_per_seq * shapes.block_size
-    plan = make_plan(backend, shapes, q.dtype, q.device, max_len=capacity,
-                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale,
-                     kv_format=getattr(k_cache, "format", None))
-    result = run_plan(plan, q, k_cache, v_cache, block_tables, pending.checked_lens, out)
-    lengths_from_stats(pending.stats(), block_tables, seq_lens, shapes)
-    return result
 
 
 def paged_attention(
@@ -115,30 +106,39 @@ def paged_attention(
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache.
 
-    q            [batch, num_q_heads, head_dim]  float16 / bfloat16 / float32, any strides
-    k_cache      [num_blocks, block_size, num_kv_heads, head_dim]  same dtype as q, contiguous;
-                 or a quantised cache, :class:`paged_ref.QuantizedKV` (FP8 / INT4 codes and
-                 their scales, see :mod:`paged_ref.quant`), de-quantised by every backend
-    v_cache      same shape and dtype (or QuantizedKV format) as k_cache
-    block_tables [batch, max_blocks_per_seq] int32 (any strides): token t of sequence b is at
-                 k_cache[block_tables[b, t // block_size], t % block_size]
-    seq_lens     [batch] int32 (any strides); table entries past ceil(seq_lens[b] / block_size)
-                 are ignored
-    scale        softmax scale, default head_dim ** -0.5; abs(scale) <= 1e4
-    backend      "auto" (default), "torch", "triton", "triton_split", "cuda" ("auto" runs
-                 "cuda" on FP8 / INT4 caches where those kernels read the call)
-    plan         from :func:`paged_ref.plan_decode`: the values were checked and the backend,
-                 split and scratch fixed there; this call then checks shapes only, reads no
-                 tensor value back and is CUDA-graph capturable (``scale``/``backend`` come
-                 from the plan; leave them default). Without a plan, lengths and used table
-                 entries are checked here (one read-back; on a GPU, a check kernel whose
-                 verdict is read after the attention kernel is queued; the split is then
-                 planned for lengths up to the table's capacity).
-    out          optional [batch, num_q_heads, head_dim] tensor of q's dtype to write into
+    Args:
+        q: ``[batch, num_q_heads, head_dim]`` float16 / bfloat16 / float32, any strides.
+        k_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype, contiguous;
+            or a quantised cache, :class:`paged_ref.QuantizedKV` (FP8 / INT4 codes and their
+            scales, see :mod:`paged_ref.quant`), de-quantised by every backend.
+        v_cache: the same shape and dtype (or QuantizedKV format) as ``k_cache``.
+        block_tables: int32 ``[batch, max_blocks_per_seq]``, any strides: token ``t`` of
+            sequence ``b`` is at ``k_cache[block_tables[b, t // block_size], t % block_size]``.
+        seq_lens: int32 ``[batch]``, any strides; table entries past
+            ``ceil(seq_lens[b] / block_size)`` are ignored.
+        scale: softmax scale, default ``head_dim ** -0.5``: a Python or NumPy real number,
+            finite, ``abs(scale) <= 1e4``.
+        backend: ``"auto"`` (default), ``"torch"``, ``"triton"``, ``"triton_split"``,
+            ``"cuda"`` (``"auto"`` runs ``"cuda"`` on FP8 / INT4 caches where those kernels
+            read the call).
+        plan: from :func:`paged_ref.plan_decode`: the values were checked and the backend,
+            split and scratch fixed there; this call then checks shapes only, reads no tensor
+            value back and is CUDA-graph capturable (``scale``/``backend`` come from the plan;
+            leave them default). Without a plan, lengths and used table entries are checked
+            here (one read-back; on a GPU, a check kernel whose verdict is read after the
+            attention kernel is queued; the split is then planned for lengths up to the
+            table's capacity).
+        out: optional ``[batch, num_q_heads, head_dim]`` tensor of q's dtype and device, unit
+            stride in head_dim, to write into.
 
-    Returns [batch, num_q_heads, head_dim] in q's dtype (``out`` when given); a row with
-    seq_lens[b] == 0, or whose every key scores -inf, is zeros.
-    Raises TypeError for bad types/dtypes and ValueError for bad shapes, devices or values.
+    Returns:
+        ``[batch, num_q_heads, head_dim]`` in q's dtype, contiguous (``out`` when given); a
+        row with ``seq_lens[b] == 0``, or whose every key scores -inf, is zeros. NaN or inf
+        in q or in used cache entries propagate as in the float64 reference.
+
+    Raises:
+        TypeError: bad types or dtypes. ValueError: bad shapes, devices or values, or a
+        backend that cannot run on these tensors here (each named).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -148,29 +148,41 @@ def paged_attention(
         with torch.cuda.device(q.device):
             return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                    backend=backend, plan=plan, out=out)
+    kv_format = getattr(k_cache, "format", None)
+    if plan is not None and not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan must come from paged_ref.plan_decode, got {type(plan).__name__}")
+    if plan is not None and (scale is not None or backend != "auto"):
+        raise ValueError("scale and backend are fixed by the plan: pass them to plan_decode")
+    scale = check_scale(scale)
+    shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens)
+    check_out(out, q)
+    lens, pending = seq_lens, None  # the lengths the kernels read; the checks on their way
     if plan is not None:
-        if not isinstance(plan, DecodePlan):
-            raise TypeError(f"plan must come from paged_ref.plan_decode, got {type(plan).__name__}")
-        if scale is not None or backend != "auto":
-            raise ValueError("scale and backend are fixed by the plan: pass them to plan_decode")
-        shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens)
-        check_against_plan(plan, shapes, q)
+        check_against_plan(plan, shapes, q, kv_format)
     else:
-        shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens, scale)
-        if backend == "auto" and not kernels_read(k_cache):
-            backend = "torch"  # a quantised layout the Triton kernels do not read
-        if backend != "torch" and shapes.batch and checks_on_device(seq_lens):
-            if out is not None:
-                check_out(out, q)
-            check_kernel_format(k_cache)
-            return checked_while_running(backend, shapes, q, k_cache, v_cache, block_tables,
-                                         seq_lens, scale, out)
-        lengths = check_values(block_tables, seq_lens, shapes)
+        on_gpu = shapes.batch > 0 and checks_on_device(seq_lens)
+        if on_gpu and backend != "torch" and (backend != "auto" or
+                                              triton_reads(kv_format, shapes.head_dim)):
+            # NOTE: the checks and the attention kernel are queued together and the verdict
+            # read after both: the kernels read the checked lengths (-1 for a row that failed:
+            # skipped) and the plan covers every length the table can hold.
+            from paged_ref.kernels.triton.checks import start_checks
+
+            pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+            lens = pending.checked_lens
+            capacity = shapes.max_blocks_per_seq * shapes.block_size
+            lengths = Lengths(capacity, shapes.batch * capacity)
+        else:  # checked first: on a GPU one kernel and four numbers back, else on the host
+            stats = None
+            if on_gpu:
+                from paged_ref.kernels.triton.checks import length_stats
+
+                stats = length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+            lengths = check_values(block_tables, seq_lens, shapes, stats)
         plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
                          total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
-                         scale=scale, kv_format=getattr(k_cache, "format", None))
-    if out is not None:
-        check_out(out, q)
-    if plan.backend != "torch":
-        check_kernel_format(k_cache)
-    return run_plan(plan, q, k_cache, v_cache, block_tables, seq_lens, out)
+                         scale=scale, kv_format=kv_format)
+    result = run_plan(plan, q, k_cache, v_cache, block_tables, lens, out)
+    if pending is not None:  # raises the named error if a check failed
+        check_values(block_tables, seq_lens, shapes, pending.stats())
+    return result

@@ -28,10 +28,14 @@ from dataclasses import dataclass
 import torch
 
 from paged_ref import _device
-from paged_ref.cache_math import cdiv
+from paged_ref.cache_math import cdiv, default_scale
+from paged_ref.quant import KVFormat
 from paged_ref.validation import CACHE_DTYPES, Shapes, check_scale
 
 BACKENDS = ("auto", "torch", "triton", "triton_split", "cuda")
+#: The refusal of an explicit Triton backend on a cache :func:`triton_reads` says it cannot read.
+UNREADABLE = ("k_cache: the Triton kernels read int4 caches only with head_dim a power of two "
+              ">= 32 (use backend='torch')")
 
 
 @dataclass(frozen=True)
@@ -54,45 +58,61 @@ class DecodePlan:
     dtype: torch.dtype
     device: torch.device
     max_seq_len: int
-    scale: float | None
-    split: object | None = None  # kernels.triton_split.SplitPlan
-    scratch: object | None = None  # kernels.triton_split.SplitScratch
+    scale: float  # the softmax scale (head_dim ** -0.5 when none was given)
+    split: object | None = None  # kernels.triton.split.SplitPlan
+    scratch: object | None = None  # kernels.triton.split.SplitScratch
     kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
     cuda: object | None = None  # kernels.cuda.CudaDecodePlan (backend "cuda")
 
 
-def check_backend_usable(backend: str, device: torch.device) -> None:
-    """A Triton backend needs triton installed and tensors where the kernels run."""
-    if backend in ("torch", "auto", "cuda"):
-        return
-    if not _device.HAS_TRITON:
-        raise RuntimeError(
-            f"backend={backend!r} needs the triton package, which is not installed here "
-            "(Triton has no wheels for macOS or Windows); use backend='torch'"
-        )
-    want = _device.triton_device()
-    if device.type != want:
-        where = "compiled for the GPU" if want == "cuda" else "run by Triton's interpreter"
-        raise ValueError(
-            f"backend={backend!r} needs {want} tensors on this machine (kernels are {where}); "
-            f"q is on {device}"
-        )
+def triton_reads(kv_format, head_dim: int) -> bool:
+    """Do the Triton kernels read caches of this format? Plain tensors and FP8 always; INT4
+    when head_dim is a power of two >= 32 (two halves of >= 16 channels, for the dots).
+
+    Args:
+        kv_format: the caches' :class:`~paged_ref.KVFormat`, or None for plain tensors.
+        head_dim: the caches' head_dim.
+
+    Returns:
+        bool: False only for INT4 caches of other head dims (the torch backend reads them).
+    """
+    if kv_format is None or kv_format.kind != "int4":
+        return True
+    return head_dim >= 32 and not head_dim & (head_dim - 1)
 
 
 def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: int,
              max_len: int, total_tokens: int, max_seq_len: int | None = None,
-             cuda_refusal: str | None = "the cache is not quantised"):
-    """The one decision: ``(backend that runs, SplitPlan or None)``.
+             cuda_refusal: str | None = "the cache is not quantised", readable: bool = True,
+             name: str = "q"):
+    """The one decision: which backend runs, and how the split kernel cuts the sequences.
 
-    ``"auto"`` is ``"torch"`` off the GPU (the interpreter is for learning, not speed); on a
-    GPU it is the hand-written CUDA kernels when they read the call (``cuda_refusal`` is
-    ``None``: an FP8 or INT4 cache on a GPU with nvcc, see
+    ``"auto"`` is ``"torch"`` off the GPU (the interpreter is for learning, not speed) and for
+    caches the Triton kernels do not read; on a GPU it is the hand-written CUDA kernels when
+    they read the call (``cuda_refusal`` is None: an FP8 or INT4 cache on a GPU with nvcc, see
     :func:`~paged_ref.kernels.cuda.cuda_refusal`), else the split kernel when
     :func:`~paged_ref.kernels.triton.split.plan_split` cuts the longest sequence into more than
-    one chunk, else the one-pass kernel. The split's chunk size comes from the current lengths;
-    its chunk count covers ``max_seq_len`` (default ``max_len``), so lengths may grow up to it
-    (CUDA graph replays). ``"cuda"`` asked for where they do not read the call: ValueError
-    with ``cuda_refusal``.
+    one chunk, else the one-pass kernel.
+
+    Args:
+        backend: one of :data:`BACKENDS`.
+        device: where the call's tensors are.
+        batch, num_kv_heads: the call's sizes.
+        max_len, total_tokens: the longest and the summed length now (the split's chunk size
+            comes from them).
+        max_seq_len: the longest length the plan must serve (default ``max_len``): the
+            split's chunk count covers it, so lengths may grow up to it (CUDA graph replays).
+        cuda_refusal: why the CUDA kernels would not run this call (None: they would).
+        readable: whether the Triton kernels read the caches (:func:`triton_reads`).
+        name: the argument that carries ``device``, for the messages.
+
+    Returns:
+        ``(backend that runs, SplitPlan or None)``.
+
+    Raises:
+        ValueError: an unknown backend; ``"cuda"`` where those kernels do not read the call
+        (the message says why); a Triton backend on tensors it cannot run on here
+        (:func:`paged_ref._device.check_triton_device`) or on caches it does not read.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -101,34 +121,44 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
             raise ValueError("backend='cuda' runs the hand-written CUDA kernels, and "
                              f"{cuda_refusal}")
         return "cuda", None
-    check_backend_usable(backend, device)
     if backend == "auto" and cuda_refusal is None:
         return "cuda", None
-    if backend == "torch" or (backend == "auto" and (
-            device.type != "cuda" or not _device.HAS_TRITON or _device.INTERPRET)):
+    if backend == "torch" or (backend == "auto" and not (
+            readable and _device.compiled_triton_on(device))):
         return "torch", None
-    from paged_ref.kernels.triton.split import (
-        FUSED_MERGE_MAX_CHUNKS,
-        SplitPlan,
-        num_multiprocessors,
-        plan_split,
-    )
+    _device.check_triton_device(backend, name, device)
+    if not readable:
+        raise ValueError(UNREADABLE)
+    from paged_ref.kernels.triton import split as triton_split  # (triton is imported here)
 
-    split = plan_split(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
-                       total_tokens=total_tokens, num_sms=num_multiprocessors(device))
+    # NOTE: looked up on the module at each call, so that a test can replace plan_split.
+    split = triton_split.plan_split(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+                                    total_tokens=total_tokens,
+                                    num_sms=triton_split.num_multiprocessors(device))
     if backend == "triton" or split.num_chunks == 1:
         return "triton", None
     num_chunks = cdiv(max(max_seq_len or 0, max_len), split.chunk_size)
-    return "triton_split", SplitPlan(split.chunk_size, num_chunks,
-                                     fused_merge=num_chunks <= FUSED_MERGE_MAX_CHUNKS,
-                                     eager_fused_merge=split.eager_fused_merge)
+    return "triton_split", triton_split.SplitPlan(
+        split.chunk_size, num_chunks,
+        fused_merge=num_chunks <= triton_split.FUSED_MERGE_MAX_CHUNKS,
+        eager_fused_merge=split.eager_fused_merge)
 
 
 def cuda_refusal_for(backend: str, kv_format, dtype: torch.dtype, device: torch.device, *,
                      head_dim: int, group: int, block_size: int) -> str | None:
-    """Why the CUDA kernels would not run this call (``None``: they would), asked only for
-    ``"auto"`` and ``"cuda"`` on quantised caches on a GPU (nothing is compiled or imported
-    from them otherwise)."""
+    """Why the CUDA kernels would not run this call, asked only for ``"auto"`` and
+    ``"cuda"`` on quantised caches on a GPU (nothing is compiled or imported from them
+    otherwise).
+
+    Args:
+        backend: the call's backend.
+        kv_format: the caches' KVFormat (None: plain tensors).
+        dtype, device: q's.
+        head_dim, group, block_size: the call's sizes (group: query heads per KV head).
+
+    Returns:
+        The reason, for a message (``"... they run on a CUDA GPU only"``), or None: they would.
+    """
     if kv_format is None:
         return "the cache is not quantised"
     if backend not in ("auto", "cuda"):
@@ -143,33 +173,50 @@ def cuda_refusal_for(backend: str, kv_format, dtype: torch.dtype, device: torch.
 
 def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.device, *,
               max_len: int, total_tokens: int, max_seq_len: int, scale: float | None,
-              kv_format=None) -> DecodePlan:
-    """:func:`dispatch`, then the split's scratch buffers (or the CUDA kernels' plan): a plan
-    for checked sizes. ``kv_format``: the caches' :class:`~paged_ref.KVFormat` (None: plain)."""
+              kv_format=None, name: str = "q") -> DecodePlan:
+    """A plan for checked sizes: :func:`dispatch`, then the split's scratch buffers (or the
+    CUDA kernels' own plan).
+
+    Args:
+        backend: one of :data:`BACKENDS`.
+        shapes: the call's sizes (:func:`paged_ref.validation.check_shapes`; ``num_blocks``
+            is not used).
+        dtype, device: q's.
+        max_len, total_tokens, max_seq_len: as for :func:`dispatch`.
+        scale: the softmax scale (None: ``head_dim ** -0.5``); stored in the plan as a float.
+        kv_format: the caches' :class:`~paged_ref.KVFormat` (None: plain tensors).
+        name: the argument that carries ``device``, for the messages.
+
+    Returns:
+        DecodePlan.
+
+    Raises:
+        ValueError: as :func:`dispatch`.
+    """
     refusal = cuda_refusal_for(backend, kv_format, dtype, device, head_dim=shapes.head_dim,
                                group=shapes.num_q_heads // shapes.num_kv_heads,
                                block_size=shapes.block_size)
     ran, split = dispatch(backend, device, batch=shapes.batch, num_kv_heads=shapes.num_kv_heads,
                           max_len=max_len, total_tokens=total_tokens, max_seq_len=max_seq_len,
-                          cuda_refusal=refusal)
+                          cuda_refusal=refusal, readable=triton_reads(kv_format, shapes.head_dim),
+                          name=name)
+    scale = default_scale(shapes.head_dim, scale)
+    sizes = (shapes.batch, shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim,
+             shapes.block_size, dtype, device, max_seq_len, scale)
     if ran == "cuda":
         from paged_ref.kernels.cuda import plan_cuda_for
 
         cuda = plan_cuda_for((shapes.batch, shapes.num_q_heads, shapes.head_dim),
                              shapes.block_size, shapes.num_kv_heads, dtype, device, kv_format,
                              max_len=max_seq_len, total_tokens=total_tokens, scale=scale)
-        return DecodePlan(ran, shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
-                          shapes.head_dim, shapes.block_size, dtype, device, max_seq_len, scale,
-                          kv_format=kv_format, cuda=cuda)
+        return DecodePlan(ran, *sizes, kv_format=kv_format, cuda=cuda)
     scratch = None
     if split is not None:
         from paged_ref.kernels.triton.split import SplitScratch
 
         scratch = SplitScratch.allocate(shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
                                         shapes.head_dim, split, device)
-    return DecodePlan(ran, shapes.batch, shapes.num_q_heads, shapes.num_kv_heads,
-                      shapes.head_dim, shapes.block_size, dtype, device, max_seq_len, scale,
-                      split, scratch, kv_format)
+    return DecodePlan(ran, *sizes, split, scratch, kv_format)
 
 
 def _positive_int(name: str, value) -> int:
@@ -181,8 +228,15 @@ def _positive_int(name: str, value) -> int:
 
 
 def host_lengths(seq_lens) -> list[int]:
-    """``seq_lens`` as a list of Python ints: from a list/tuple of ints or a CPU int tensor
-    (never a CUDA tensor: that would be the read-back a plan exists to avoid)."""
+    """Host lengths as a list of Python ints.
+
+    Args:
+        seq_lens: a list/tuple of ints, or a 1-D CPU int tensor (never a CUDA tensor: that
+            would be the read-back a plan exists to avoid).
+
+    Returns:
+        list[int]. Raises: TypeError for anything else, naming the entry.
+    """
     if isinstance(seq_lens, torch.Tensor):
         if seq_lens.device.type != "cpu" or seq_lens.dim() != 1 or seq_lens.is_floating_point():
             raise TypeError("seq_lens must be host lengths: a list of ints or a 1-D CPU int "
@@ -213,24 +267,32 @@ def plan_decode(
 ) -> DecodePlan:
     """Plan decode attention for a batch whose lengths the caller has on the host.
 
-    seq_lens     the current length of each sequence: list of ints (or a 1-D CPU int tensor);
-                 ``len(seq_lens)`` is the batch size the plan is for
-    num_q_heads, num_kv_heads, head_dim, block_size, dtype, device
-                 as the ``q`` and caches the planned calls will get
-                 (``num_q_heads % num_kv_heads == 0``; dtype float16 / bfloat16 / float32)
-    max_seq_len  the longest length any planned call may see (default ``max(seq_lens)``);
-                 give the bound when lengths grow between CUDA graph replays
-    scale        softmax scale, default ``head_dim ** -0.5`` (``abs(scale) <= 1e4``)
-    backend      ``"auto"`` (default), ``"torch"``, ``"triton"``, ``"triton_split"`` or
-                 ``"cuda"`` (the hand-written FP8 / INT4 kernels)
-    kv_format    the caches' :class:`~paged_ref.KVFormat` or its name (``"fp8"``, ``"int4"``,
-                 ...) when they are quantised: ``"auto"`` then runs the CUDA kernels where
-                 they read the call (a GPU with nvcc), else Triton (a ``"cuda"`` plan refuses
-                 caches of another format)
+    Checks every value here, once; the planned call ``paged_attention(..., plan=plan)`` then
+    reads no tensor value back and is CUDA-graph capturable (see the module docstring).
 
-    Checks every value here, once: TypeError for bad types, ValueError for bad values (named).
-    Returns a :class:`DecodePlan` for ``paged_attention(..., plan=plan)``, which then reads
-    no tensor value back and is CUDA-graph capturable (see the module docstring).
+    Args:
+        seq_lens: the current length of each sequence: a list of ints (or a 1-D CPU int
+            tensor); ``len(seq_lens)`` is the batch size the plan is for.
+        num_q_heads, num_kv_heads, head_dim, block_size: as the planned calls' ``q`` and
+            caches (ints >= 1, ``num_q_heads % num_kv_heads == 0``).
+        dtype: q's dtype, float16 / bfloat16 / float32.
+        device: where the planned calls' tensors are.
+        max_seq_len: the longest length any planned call may see (default
+            ``max(seq_lens)``); give the bound when lengths grow between CUDA graph replays.
+        scale: softmax scale, default ``head_dim ** -0.5`` (a real number,
+            ``abs(scale) <= 1e4``).
+        backend: ``"auto"`` (default), ``"torch"``, ``"triton"``, ``"triton_split"`` or
+            ``"cuda"`` (the hand-written FP8 / INT4 kernels).
+        kv_format: the caches' :class:`~paged_ref.KVFormat` or its name (``"fp8"``,
+            ``"int4"``, ...) when they are quantised: ``"auto"`` then runs the CUDA kernels
+            where they read the call (a GPU with nvcc), else Triton.
+
+    Returns:
+        DecodePlan.
+
+    Raises:
+        TypeError: a bad type. ValueError: a bad value, or a backend that cannot run on
+        ``device`` here (named).
     """
     lens = host_lengths(seq_lens)
     sizes = {name: _positive_int(name, value) for name, value in (
@@ -244,7 +306,7 @@ def plan_decode(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    check_scale(scale)
+    scale = check_scale(scale)
     for b, n in enumerate(lens):
         if n < 0:
             raise ValueError(f"seq_lens[{b}] = {n} is negative")
@@ -260,15 +322,25 @@ def plan_decode(
                     num_blocks=-1, block_size=sizes["block_size"],
                     max_blocks_per_seq=cdiv(max_seq_len, block_size))
     if kv_format is not None:
-        from paged_ref.quant import KVFormat
-
         kv_format = KVFormat.parse(kv_format)
     return make_plan(backend, shapes, dtype, device, max_len=longest, total_tokens=sum(lens),
-                     max_seq_len=max_seq_len, scale=scale, kv_format=kv_format)
+                     max_seq_len=max_seq_len, scale=scale, kv_format=kv_format, name="device")
 
 
-def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor) -> None:
-    """A planned call's inputs (already through ``check_shapes``) match what was planned."""
+def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor,
+                       kv_format=None) -> None:
+    """A planned call's inputs (already through ``check_shapes``) match what was planned.
+
+    Args:
+        plan: from :func:`plan_decode`.
+        shapes: the call's sizes.
+        q: the call's queries (dtype and device).
+        kv_format: the call's cache format (None: plain tensors).
+
+    Raises:
+        ValueError: sizes, dtype or device other than planned; a table too short for the
+        plan's ``max_seq_len``; caches the planned Triton kernels do not read.
+    """
     want = (plan.batch, plan.num_q_heads, plan.num_kv_heads, plan.head_dim, plan.block_size)
     got = (shapes.batch, shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim,
            shapes.block_size)
@@ -288,3 +360,7 @@ def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor) -> Non
     if shapes.num_blocks == 0 and plan.max_seq_len > 0:
         raise ValueError("k_cache has num_blocks == 0 but the plan covers lengths up to "
                          f"{plan.max_seq_len}")
+    if plan.backend.startswith("triton") and not triton_reads(kv_format, shapes.head_dim):
+        raise ValueError(f"k_cache: a {kv_format.name} cache of head_dim {shapes.head_dim}, "
+                         "which the planned Triton kernels do not read: plan with "
+                         f"kv_format={kv_format.name!r}")

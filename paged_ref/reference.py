@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import torch
 
-from paged_ref.cache_math import cdiv, default_scale, slot_of, token_slots  # noqa: F401 (re-export)
+from paged_ref.cache_math import cdiv, default_scale, token_slots  # noqa: F401 (re-export)
 from paged_ref.quant import QuantizedKV
 
 
 def float64_slots(q, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the float64 references compute with: ``q`` and the caches, in float64 on the CPU,
-    the caches flattened to one row per slot (``[num_blocks * block_size, Hkv, D]``, so that
-    ``k[slot]`` is a token's K). A :class:`~paged_ref.QuantizedKV` cache is de-quantised
-    first."""
+    """What the float64 references compute with.
+
+    Args:
+        q: ``[..., Hq, D]``, any dtype and device.
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` tensors or
+            :class:`~paged_ref.QuantizedKV` caches (de-quantised first).
+
+    Returns:
+        ``(q, k, v)`` in float64 on the CPU, the caches flattened to one row per slot
+        (``[num_blocks * block_size, Hkv, D]``, so that ``k[slot]`` is a token's K).
+    """
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
 
     def slots(cache):
@@ -45,13 +52,20 @@ def paged_attention_reference(
     *,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Decode attention in float64, written for clarity, not speed.
+    """Decode attention in float64, one sequence and head at a time: written for clarity,
+    not speed. The answer every backend is checked against.
 
-    q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D];
-    block_tables [B, max_blocks] int; seq_lens [B] int.
-    Returns float64 [B, Hq, D] on the CPU; rows with ``seq_len == 0``, or whose every key
-    scores ``-inf``, are zeros. A :class:`~paged_ref.QuantizedKV` cache is de-quantised first
-    (the answer for the values it stands for).
+    Args:
+        q: ``[B, Hq, D]``, any float dtype.
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]``, or
+            :class:`~paged_ref.QuantizedKV` caches (the answer for the values they stand for).
+        block_tables: int ``[B, max_blocks]``.
+        seq_lens: int ``[B]``.
+        scale: softmax scale, default ``head_dim ** -0.5``.
+
+    Returns:
+        float64 ``[B, Hq, D]`` on the CPU; rows with ``seq_len == 0``, or whose every key
+        scores ``-inf``, are zeros.
     """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     batch, num_q_heads, _ = q.shape
@@ -84,25 +98,30 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copy every cached token into contiguous K/V.
 
-    Returns k, v [B, max_len, Hkv, D] (positions past a sequence's length hold an arbitrary
-    cached token) and ``valid`` [B, max_len] bool. Table entries past a sequence's used blocks
-    are never dereferenced. A :class:`~paged_ref.QuantizedKV` cache gives float32 values:
-    its codes and scales are gathered, then de-quantised (only the gathered tokens).
+    Table entries past a sequence's used blocks are never dereferenced.
+
+    Args:
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` tensors, or
+            :class:`~paged_ref.QuantizedKV` caches (their codes and scales are gathered, then
+            de-quantised: only the gathered tokens).
+        block_tables: int ``[B, max_blocks]``.
+        seq_lens: int ``[B]``.
+        max_len: the longest length (at least ``max(seq_lens)``).
+
+    Returns:
+        ``(k, v, valid)``: k, v ``[B, max_len, Hkv, D]`` in the cache's dtype (float32 for a
+        quantised cache; positions past a sequence's length hold an arbitrary cached token),
+        ``valid`` bool ``[B, max_len]``.
     """
     block_size = k_cache.shape[1]
     pos = torch.arange(max_len, device=k_cache.device)
     valid = pos[None, :] < seq_lens[:, None].long()  # [B, max_len]
     block = block_tables.long()[:, pos // block_size]  # [B, max_len] physical block per token
     block = torch.where(valid, block, 0)  # never follow an unused entry
-    slots = slot_of(block, pos, block_size)  # [B, max_len], cache_math's formula on tensors
-    return _gather_slots(k_cache, slots), _gather_slots(v_cache, slots), valid
-
-
-def _gather_slots(cache, slots: torch.Tensor) -> torch.Tensor:
-    """``cache`` rows at ``slots`` [B, L]: [B, L, Hkv, D] (de-quantised if quantised)."""
-    if isinstance(cache, QuantizedKV):
-        return cache.take_slots(slots).dequantize()
-    return cache.flatten(0, 1)[slots]
+    slots = block * block_size + pos % block_size  # [B, max_len]: cache_math.slot_of
+    k, v = (c.take_slots(slots).dequantize() if isinstance(c, QuantizedKV)
+            else c.flatten(0, 1)[slots] for c in (k_cache, v_cache))
+    return k, v, valid
 
 
 def contiguous_attention(
@@ -113,11 +132,17 @@ def contiguous_attention(
     *,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Masked decode attention over contiguous K/V, float32 accumulation (float64 for float64
-    inputs), GQA by head groups.
+    """Masked decode attention over contiguous K/V (no paging), GQA by head groups.
 
-    q [B, Hq, D]; k, v [B, L, Hkv, D]; valid [B, L] bool (False = masked out).
-    Returns [B, Hq, D] in q's dtype; rows with no valid token are zeros.
+    Args:
+        q: ``[B, Hq, D]``.
+        k, v: ``[B, L, Hkv, D]``.
+        valid: bool ``[B, L]`` (False: masked out; such positions may hold anything).
+        scale: softmax scale, default ``head_dim ** -0.5``.
+
+    Returns:
+        ``[B, Hq, D]`` in q's dtype, accumulated in float32 (float64 for float64 inputs);
+        rows with no valid token, or whose every key scores ``-inf``, are zeros.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -147,10 +172,16 @@ def paged_attention_torch(
     scale: float | None = None,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """``backend="torch"``: gather through the block table, then :func:`contiguous_attention`.
+    """``backend="torch"``: gather through the block table (:func:`gather_kv`), then
+    :func:`contiguous_attention`. Inputs are assumed valid (``paged_attention`` checks them).
 
-    Inputs are assumed valid (``paged_attention`` checks them). ``max_len`` is the longest
-    sequence; pass it when you know it to avoid reading ``seq_lens`` back from the device.
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, scale: as for ``paged_attention``.
+        max_len: at least the longest length (a plan's bound will do); given, ``seq_lens`` is
+            not read back from the device.
+
+    Returns:
+        ``[B, Hq, D]`` in q's dtype, contiguous.
     """
     if max_len is None:
         max_len = int(seq_lens.max()) if seq_lens.numel() else 0
@@ -160,13 +191,18 @@ def paged_attention_torch(
 
 def split_partials_reference(q, k_cache, v_cache, block_tables, seq_lens, chunk_size: int, *,
                              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 partial results of every chunk of ``chunk_size`` tokens (natural-log lse).
-    Inputs as for :func:`paged_attention_reference`.
+    """The partial results a split-KV kernel's first stage computes, in float64 (lesson 05).
 
-    Returns outs [C, B, Hq, D] (softmax-weighted values of the chunk's tokens; NaN for an empty
-    chunk) and lses [C, B, Hq] (log-sum-exp of the chunk's scores; -inf if empty), with
-    ``C = max(1, ceil(max_len / chunk_size))``. Merging them with weights
-    ``softmax(lses, dim=0)`` gives the attention output.
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, scale: as for
+            :func:`paged_attention_reference`.
+        chunk_size: tokens per chunk.
+
+    Returns:
+        ``(outs, lses)``: float64 ``[C, B, Hq, D]`` (softmax-weighted values of each chunk's
+        tokens; NaN for an empty chunk) and ``[C, B, Hq]`` (natural-log log-sum-exp of its
+        scores; -inf if empty), ``C = max(1, ceil(max_len / chunk_size))``. Merged with
+        weights ``softmax(lses, dim=0)`` they give the attention output.
     """
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     num_chunks = max(1, cdiv(max_len, chunk_size))

@@ -17,7 +17,10 @@ import torch
 
 from paged_course.checks import assert_close, assert_equal
 from paged_course.testing import make_paged_inputs
-from paged_ref import paged_attention
+from paged_ref import _device, paged_attention
+
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 #: Backends checked here. On a CPU the Triton ones run in Triton's interpreter, which is why
 #: every case below is small. (Their split into several chunks is in test_triton_split.py.)
@@ -72,8 +75,9 @@ def test_matches_float64_reference(
     scale,
 ):
     inp = make_paged_inputs(
-        seq_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=block_size, dtype=dtype, seed=_seed(case_id), poison=poison,
+        seq_lens, device=DEVICE, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, dtype=dtype, seed=_seed(case_id),
+        poison=poison,
     )
     out = paged_attention(*inp.args(), scale=scale, backend=backend)
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected q's dtype {dtype}"
@@ -81,12 +85,13 @@ def test_matches_float64_reference(
     assert_close(out, inp.reference(scale=scale), name=f"{backend} output")
     for b, n in enumerate(seq_lens):
         if n == 0:
-            assert_equal(out[b].float(), torch.zeros(num_q_heads, head_dim), name=f"row {b}")
+            assert_equal(out[b].float().cpu(), torch.zeros(num_q_heads, head_dim),
+                         name=f"row {b}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 def test_default_scale_is_inverse_sqrt_head_dim(backend):
-    inp = make_paged_inputs([21, 9], head_dim=80, block_size=8, seed=11)
+    inp = make_paged_inputs([21, 9], device=DEVICE, head_dim=80, block_size=8, seed=11)
     default = paged_attention(*inp.args(), backend=backend)
     explicit = paged_attention(*inp.args(), scale=80**-0.5, backend=backend)
     assert_close(default, explicit.double(), name="scale=None vs scale=head_dim**-0.5")
@@ -98,12 +103,13 @@ def test_default_scale_is_inverse_sqrt_head_dim(backend):
 def test_unused_table_entries_are_never_read(backend):
     """Rewriting every unused table entry (to -1, to a huge id, to another sequence's block)
     leaves the output bit-for-bit unchanged."""
-    inp = make_paged_inputs([5, 16, 30], block_size=8, seed=12, spare_columns=3)
+    inp = make_paged_inputs([5, 16, 30], device=DEVICE, block_size=8, seed=12, spare_columns=3)
     before = paged_attention(*inp.args(), backend=backend)
     used = (inp.seq_lens.long() + 7) // 8
-    unused = torch.arange(inp.block_tables.shape[1])[None, :] >= used[:, None]
+    unused = torch.arange(inp.block_tables.shape[1], device=DEVICE)[None, :] >= used[:, None]
     for fill in (-1, 2**31 - 1, int(inp.block_tables[1, 0])):
-        tables = torch.where(unused, torch.tensor(fill, dtype=torch.int32), inp.block_tables)
+        tables = torch.where(unused, torch.tensor(fill, dtype=torch.int32, device=DEVICE),
+                             inp.block_tables)
         after = paged_attention(
             inp.q, inp.k_cache, inp.v_cache, tables.contiguous(), inp.seq_lens, backend=backend
         )
@@ -113,17 +119,16 @@ def test_unused_table_entries_are_never_read(backend):
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 def test_physical_placement_does_not_matter(backend):
     """Moving blocks to other physical ids (and fixing the tables) gives the same output."""
-    inp = make_paged_inputs([13, 40, 8], block_size=8, seed=13)
+    inp = make_paged_inputs([13, 40, 8], device=DEVICE, block_size=8, seed=13)
     before = paged_attention(*inp.args(), backend=backend)
     num_blocks = inp.k_cache.shape[0]
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(13))
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(13)).to(DEVICE)
     # block old -> new id perm[old]; new cache row perm[old] holds old row old.
     inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(num_blocks)
+    inverse[perm] = torch.arange(num_blocks, device=DEVICE)
     k, v = inp.k_cache[inverse].contiguous(), inp.v_cache[inverse].contiguous()
-    used = torch.arange(inp.block_tables.shape[1])[None, :] < ((inp.seq_lens.long() + 7) // 8)[
-        :, None
-    ]
+    first_token = torch.arange(inp.block_tables.shape[1], device=DEVICE) * 8
+    used = first_token[None, :] < inp.seq_lens.long()[:, None]
     tables = torch.where(used, perm[inp.block_tables.long().clamp(0, num_blocks - 1)], -1)
     after = paged_attention(inp.q, k, v, tables.to(torch.int32), inp.seq_lens, backend=backend)
     assert_close(after, before.double(), name="after moving blocks")
@@ -131,7 +136,7 @@ def test_physical_placement_does_not_matter(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 def test_empty_batch(backend):
-    inp = make_paged_inputs([], num_q_heads=4, num_kv_heads=2, head_dim=64, seed=14)
+    inp = make_paged_inputs([], device=DEVICE, num_q_heads=4, num_kv_heads=2, head_dim=64, seed=14)
     out = paged_attention(*inp.args(), backend=backend)
     assert out.shape == (0, 4, 64) and out.dtype == torch.float32
 
@@ -139,7 +144,8 @@ def test_empty_batch(backend):
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
 def test_zero_length_rows_are_zero_never_nan(backend, dtype):
-    inp = make_paged_inputs([0, 3, 0], block_size=4, dtype=dtype, seed=15, poison="nan")
+    inp = make_paged_inputs([0, 3, 0], device=DEVICE, block_size=4, dtype=dtype, seed=15,
+                            poison="nan")
     out = paged_attention(*inp.args(), backend=backend)
     assert not out.isnan().any(), "NaN in the output"
     assert (out[0] == 0).all() and (out[2] == 0).all(), "rows with seq_len 0 must be zeros"
@@ -147,7 +153,7 @@ def test_zero_length_rows_are_zero_never_nan(backend, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 def test_does_not_modify_inputs(backend):
-    inp = make_paged_inputs([9, 20], block_size=8, seed=16)
+    inp = make_paged_inputs([9, 20], device=DEVICE, block_size=8, seed=16)
     copies = [t.clone() for t in inp.args()]
     paged_attention(*inp.args(), backend=backend)
     for name, before, after in zip(("q", "k_cache", "v_cache", "block_tables", "seq_lens"),
@@ -156,7 +162,8 @@ def test_does_not_modify_inputs(backend):
 
 
 def test_auto_backend_matches_reference():
-    inp = make_paged_inputs([17, 4, 32], num_q_heads=8, num_kv_heads=2, block_size=16, seed=17)
+    inp = make_paged_inputs([17, 4, 32], device=DEVICE, num_q_heads=8, num_kv_heads=2,
+                            block_size=16, seed=17)
     out = paged_attention(*inp.args(), backend="auto")
     assert_close(out, inp.reference(), name="auto output")
     if not torch.cuda.is_available():
@@ -166,6 +173,6 @@ def test_auto_backend_matches_reference():
 
 @pytest.mark.parametrize("backend", ["flash", "Torch", "", None])
 def test_unknown_backend_is_a_value_error(backend):
-    inp = make_paged_inputs([3], seed=18)
+    inp = make_paged_inputs([3], device=DEVICE, seed=18)
     with pytest.raises(ValueError, match="backend"):
         paged_attention(*inp.args(), backend=backend)

@@ -1,11 +1,12 @@
-"""The unplanned call's GPU path, :func:`paged_ref.attention.checked_while_running`, run here in
-Triton's interpreter (on a GPU ``paged_attention`` takes it for every Triton backend;
-tests/test_gpu.py checks that there).
+"""The unplanned call's GPU path of :func:`paged_ref.paged_attention`, run here in Triton's
+interpreter (on a GPU ``paged_attention`` takes it for every Triton backend; tests/test_gpu.py
+checks that there): the check kernel is queued first and the attention kernel right behind it,
+and the verdict is read only after both.
 
 The check kernel writes ``checked_lens`` (``-1`` for a row that failed a check) and the
-attention kernels, queued right behind it, skip such rows: nothing of theirs is read (their
-table entries may point anywhere) and their output rows are left as they were. Rows that passed
-are right; the call then raises the same named error as the checks done first would.
+attention kernels skip such rows: nothing of theirs is read (their table entries may point
+anywhere) and their output rows are left as they were. Rows that passed are right; the call
+then raises the same named error as the checks done first would.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref.attention import checked_while_running
+from paged_ref import _device, attention, paged_attention
+from paged_ref.kernels.triton import checks as triton_checks
 from paged_ref.kernels.triton.checks import start_checks
 from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
@@ -25,10 +27,12 @@ from tests.mutations.mutate import mutant_of
 SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
 LENS = [9, 0, 23, 14]
 SENTINEL = 7.25
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 
 def inputs(seed=0):
-    return make_paged_inputs(LENS, seed=seed, **SHAPE)
+    return make_paged_inputs(LENS, seed=seed, device=DEVICE, **SHAPE)
 
 
 def spoil(inp, how):
@@ -43,17 +47,33 @@ def spoil(inp, how):
     return r"seq_lens\[2\] = \d+ needs more blocks"
 
 
+@pytest.fixture
+def device_checks(monkeypatch):
+    """``paged_attention`` takes its GPU path here: the checks as a kernel, queued before the
+    attention kernel. Returns the list of the check launches' batch sizes."""
+    launches = []
+
+    def counted(block_tables, seq_lens, block_size, num_blocks):
+        launches.append(block_tables.shape[0])
+        return start_checks(block_tables, seq_lens, block_size, num_blocks)
+
+    monkeypatch.setattr(attention, "checks_on_device", lambda seq_lens: True)
+    monkeypatch.setattr(triton_checks, "start_checks", counted)
+    return launches
+
+
 @pytest.mark.parametrize("backend", ["triton", "triton_split"])
-def test_valid_inputs_give_the_reference(backend):
+def test_valid_inputs_give_the_reference(backend, device_checks):
     inp = inputs()
-    shapes = check_shapes(*inp.args())
-    out = checked_while_running(backend, shapes, *inp.args(), None, None)
+    out = paged_attention(*inp.args(), backend=backend)
+    assert device_checks == [len(LENS)], "the checks were not queued as a kernel"
     assert_close(out, inp.reference())
 
 
 @pytest.mark.parametrize("how", ["bad entry", "negative length", "too long"])
 @pytest.mark.parametrize("backend", ["triton", "triton_split"])
-def test_a_failed_check_raises_the_named_error_and_skips_only_that_row(backend, how):
+def test_a_failed_check_raises_the_named_error_and_skips_only_that_row(backend, how,
+                                                                       device_checks):
     inp = inputs(seed=1)
     want = inp.reference()
     match = spoil(inp, how)
@@ -61,7 +81,8 @@ def test_a_failed_check_raises_the_named_error_and_skips_only_that_row(backend, 
         check_values(inp.block_tables, inp.seq_lens, check_shapes(*inp.args()))
     out = torch.full_like(inp.q, SENTINEL)
     with pytest.raises(ValueError, match=match):
-        checked_while_running(backend, check_shapes(*inp.args()), *inp.args(), None, out)
+        paged_attention(*inp.args(), backend=backend, out=out)
+    assert device_checks == [len(LENS)]
     assert (out[2] == SENTINEL).all(), "the failing row was written"
     keep = [0, 1, 3]
     assert_close(out[keep], want[keep])
@@ -87,6 +108,7 @@ def test_kernels_skip_a_row_of_length_minus_one(runner):
     assert_close(out[[0, 1, 3]], want[[0, 1, 3]])
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the verdict comes with a CUDA event")
 def test_pending_checks_on_the_cpu_need_no_event():
     inp = inputs()
     pending = start_checks(inp.block_tables, inp.seq_lens, SHAPE["block_size"],

@@ -16,10 +16,12 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_prefill_inputs
-from paged_ref import paged_prefill
+from paged_ref import _device, paged_prefill
 from paged_ref.prefill import paged_prefill_reference
 
 BACKENDS_UNDER_TEST = ["torch", "triton"]
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 # (id, seq_lens, query_lens, num_q_heads, num_kv_heads, head_dim, block_size, dtype, causal)
@@ -50,7 +52,8 @@ def test_matches_float64_reference(backend, case_id, seq_lens, query_lens, hq, h
                                    block_size, dtype, causal):
     inp = make_prefill_inputs(seq_lens, query_lens, num_q_heads=hq, num_kv_heads=hkv,
                               head_dim=head_dim, block_size=block_size, dtype=dtype,
-                              seed=_seed(case_id), poison="nan" if hq == 8 else "large")
+                              seed=_seed(case_id), poison="nan" if hq == 8 else "large",
+                              device=DEVICE)
     out = paged_prefill(*inp.args(), causal=causal, backend=backend)
     assert out.dtype == dtype and out.shape == inp.q.shape
     assert_close(out, inp.reference(causal=causal), name=f"{backend} {case_id}")
@@ -60,7 +63,8 @@ def test_matches_float64_reference(backend, case_id, seq_lens, query_lens, hq, h
 @pytest.mark.parametrize("scale", [0.3, -0.2])
 def test_scale(backend, scale):
     """A given scale, negative included (the kernel flips q's sign to keep its scale > 0)."""
-    inp = make_prefill_inputs([30, 12], [10, 12], num_q_heads=4, num_kv_heads=2, seed=3)
+    inp = make_prefill_inputs([30, 12], [10, 12], num_q_heads=4, num_kv_heads=2, seed=3,
+                              device=DEVICE)
     out = paged_prefill(*inp.args(), scale=scale, backend=backend)
     assert_close(out, inp.reference(scale=scale))
 
@@ -69,8 +73,8 @@ def test_decode_is_one_query_row():
     """With one query row per sequence, prefill is paged decode attention."""
     from paged_course.testing import make_paged_inputs
 
-    dec = make_paged_inputs([5, 33, 16], num_q_heads=8, num_kv_heads=2, seed=4)
-    starts = torch.arange(4, dtype=torch.int32)
+    dec = make_paged_inputs([5, 33, 16], num_q_heads=8, num_kv_heads=2, seed=4, device=DEVICE)
+    starts = torch.arange(4, dtype=torch.int32, device=DEVICE)
     out = paged_prefill(dec.q, dec.k_cache, dec.v_cache, dec.block_tables, dec.seq_lens, starts)
     assert_close(out, dec.reference())
 

@@ -15,7 +15,7 @@ import torch
 
 from paged_course.checks import assert_close, assert_equal
 from paged_course.testing import make_paged_inputs
-from paged_ref import QuantizedKV, paged_attention, quantize
+from paged_ref import QuantizedKV, _device, paged_attention, quantize
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -32,12 +32,14 @@ CASES = [
     ("int4g128_d128_bs16", "int4_g128", [20, 49], 4, 2, 128, 16, F32, "nan"),
 ]
 BACKENDS = ["torch", "triton", "triton_split"]
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 
 def _inputs(case_id, fmt, seq_lens, hq, hkv, d, bs, dtype, poison):
     inp = make_paged_inputs(seq_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                             block_size=bs, dtype=dtype, poison=poison,
-                            seed=zlib.crc32(case_id.encode()))
+                            seed=zlib.crc32(case_id.encode()), device=DEVICE)
     return inp.quantized(fmt)
 
 
@@ -50,7 +52,7 @@ def test_matches_float64_of_dequantised_cache(backend, case):
     assert_close(out, inp.reference(), name=f"{backend} {case[1]} output")
     for b, n in enumerate(case[2]):
         if n == 0:
-            assert_equal(out[b].float(), torch.zeros(out.shape[1:]), name=f"row {b}")
+            assert_equal(out[b].float().cpu(), torch.zeros(out.shape[1:]), name=f"row {b}")
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])
@@ -58,7 +60,7 @@ def test_split_kernel_in_chunks(fmt):
     """Chunks of 16 tokens (not a multiple of the block size 12): the lse merge of
     de-quantised partials."""
     inp = make_paged_inputs([50, 3, 31], num_q_heads=8, num_kv_heads=2, head_dim=64,
-                            block_size=12, seed=21).quantized(fmt)
+                            block_size=12, seed=21, device=DEVICE).quantized(fmt)
     out = paged_attention_split(*inp.args(), plan=SplitPlan(chunk_size=16, num_chunks=4))
     assert_close(out, inp.reference(), name=f"split {fmt}")
 
@@ -117,7 +119,8 @@ def test_bad_q_and_shapes_with_quantised_cache():
 
 @pytest.mark.parametrize("backend", ["triton", "triton_split"])
 def test_int4_kernels_need_a_power_of_two_head_dim(backend):
-    inp = make_paged_inputs([5], head_dim=80, block_size=4, seed=24).quantized("int4_g80")
+    inp = make_paged_inputs([5], head_dim=80, block_size=4, seed=24,
+                            device=DEVICE).quantized("int4_g80")
     with pytest.raises(ValueError, match="head_dim"):
         paged_attention(*inp.args(), backend=backend)
     out = paged_attention(*inp.args(), backend="torch")  # the torch backend reads any
@@ -128,19 +131,20 @@ def test_cache_layer_goes_straight_into_paged_attention():
     from paged_ref import KVCacheManager, PagedKVCache
 
     manager = KVCacheManager(num_blocks=8, block_size=4)
-    cache = PagedKVCache(1, 8, 4, 2, 64, dtype=F32, kv_format="fp8_token_head")
+    cache = PagedKVCache(1, 8, 4, 2, 64, dtype=F32, kv_format="fp8_token_head", device=DEVICE)
     gen = torch.Generator().manual_seed(25)
     manager.add_sequence("a", 10)
-    k, v = torch.randn(2, 10, 2, 64, generator=gen)
+    k, v = torch.randn(2, 10, 2, 64, generator=gen).to(DEVICE)
     cache.write(0, k, v, [manager.block_table("a")[t // 4] * 4 + t % 4 for t in range(10)])
-    q = torch.randn(1, 4, 64, generator=gen)
-    tables = torch.tensor([manager.block_table("a")], dtype=torch.int32)
-    lens = torch.tensor([10], dtype=torch.int32)
+    q = torch.randn(1, 4, 64, generator=gen).to(DEVICE)
+    tables = torch.tensor([manager.block_table("a")], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([10], dtype=torch.int32, device=DEVICE)
     out = paged_attention(q, *cache.layer(0), tables, lens, backend="triton")
     k_back, v_back = cache.gather(0, manager.block_table("a"), 10)  # de-quantised, token order
-    scores = torch.einsum("hd,thd->ht", q[0].double(), k_back.double().repeat_interleave(2, 1))
+    k_back, v_back = k_back.double().cpu(), v_back.double().cpu()
+    scores = torch.einsum("hd,thd->ht", q[0].double().cpu(), k_back.repeat_interleave(2, 1))
     probs = torch.softmax(scores / 8, dim=-1)  # head_dim 64: scale 1/8
-    expected = torch.einsum("ht,thd->hd", probs, v_back.double().repeat_interleave(2, 1))
+    expected = torch.einsum("ht,thd->hd", probs, v_back.repeat_interleave(2, 1))
     assert_close(out[0], expected, name="attention over cache.layer(0)")
 
 
@@ -150,8 +154,8 @@ def test_planned_call_with_quantised_cache(fmt):
     from paged_ref import plan_decode
 
     inp = make_paged_inputs([30, 7], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=8,
-                            dtype=BF16, seed=26).quantized(fmt)
+                            dtype=BF16, seed=26, device=DEVICE).quantized(fmt)
     plan = plan_decode(inp.seq_lens.tolist(), num_q_heads=8, num_kv_heads=2, head_dim=64,
-                       block_size=8, dtype=BF16, device="cpu", backend="triton")
+                       block_size=8, dtype=BF16, device=DEVICE, backend="triton")
     out = paged_attention(*inp.args(), plan=plan)
     assert_close(out, inp.reference(), name=f"planned {fmt}")

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import paged_attention
+from paged_ref import _device, paged_attention
 
 BLOCK_SIZE = 8
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
 
 
 def _valid(**kw):
@@ -178,3 +182,79 @@ def test_a_failed_check_leaves_inputs_untouched():
         _call(args)
     for name in ("q", "k_cache", "v_cache", "block_tables"):
         assert torch.equal(args[name], before[name]), f"{name} was modified"
+
+
+# ---- issue 36, scenario 12 -------------------------------------------------------------------
+
+
+def _all_on_meta(args):
+    return {name: t.to("meta") for name, t in args.items()}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton_split", "auto"])
+def test_every_tensor_on_meta_names_the_argument(backend):
+    """Not "can't convert meta device type tensor to numpy": the call says which tensor."""
+    args = _all_on_meta(_valid())
+    with pytest.raises(ValueError, match="q is on meta, a device that holds no values"):
+        paged_attention(*args.values(), backend=backend)
+
+
+def test_meta_in_prefill_and_write_kv_names_the_argument():
+    from paged_course.testing import make_prefill_inputs
+    from paged_ref import paged_prefill, write_kv
+
+    inp = make_prefill_inputs([9, 4], [3, 4], seed=5, num_q_heads=4, num_kv_heads=2,
+                              head_dim=16, block_size=4)
+    with pytest.raises(ValueError, match="q is on meta"):
+        paged_prefill(*(t.to("meta") for t in inp.args()))
+    k_cache = torch.zeros(4, 4, 2, 16, device="meta")
+    k = torch.zeros(3, 2, 16, device="meta")
+    slots = torch.arange(3, device="meta")
+    with pytest.raises(ValueError, match="k_cache is on meta"):
+        write_kv(k, k, k_cache, k_cache.clone(), slots)
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.25), np.float64(0.25), np.float16(0.25),
+                                   np.int64(1), 1, 0.25], ids=repr)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_any_real_scalar_is_a_scale(scale, backend):
+    """Python and NumPy real scalars alike (the same answer as the float)."""
+    args = {name: t.to(DEVICE) for name, t in _valid().items()}
+    out = paged_attention(*args.values(), scale=scale, backend=backend)
+    assert_close(out, paged_attention(*args.values(), scale=float(scale), backend="torch")
+                 .double(), name=f"scale={scale!r}")
+
+
+@pytest.mark.parametrize("scale", [torch.tensor(0.25), np.array([0.25]), np.bool_(True), 1j],
+                         ids=["0-d tensor", "1-d array", "np.bool_", "complex"])
+def test_scale_that_is_no_real_scalar_is_a_type_error(scale):
+    """A 0-d tensor too: reading it would be a read-back (a sync, and no CUDA graph)."""
+    with pytest.raises(TypeError, match="scale"):
+        _call(_valid(), scale=scale)
+
+
+def test_numpy_scale_in_plan_and_prefill():
+    from paged_course.testing import make_prefill_inputs
+    from paged_ref import paged_prefill, plan_decode
+
+    plan = plan_decode([5, 16, 11], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                       block_size=BLOCK_SIZE, dtype=torch.float32, device="cpu",
+                       scale=np.float32(0.5))
+    assert type(plan.scale) is float and plan.scale == 0.5
+    inp = make_prefill_inputs([9, 4], [3, 4], seed=6, num_q_heads=4, num_kv_heads=2,
+                              head_dim=16, block_size=4, device=DEVICE)
+    for backend in ("torch", "triton"):
+        out = paged_prefill(*inp.args(), scale=np.float32(0.5), backend=backend)
+        assert_close(out, inp.reference(scale=0.5), name=backend)
+
+
+def test_planted_python_only_scale_check_is_caught(tmp_path, monkeypatch):
+    from paged_ref import attention, validation
+    from tests.mutations.mutate import mutant_of
+
+    mutant = mutant_of(validation, [("not isinstance(scale, numbers.Real)",
+                                     "not isinstance(scale, (int, float))")], tmp_path,
+                       monkeypatch)
+    monkeypatch.setattr(attention, "check_scale", mutant.check_scale)
+    with pytest.raises(TypeError):
+        test_any_real_scalar_is_a_scale(np.float32(0.25), "torch")

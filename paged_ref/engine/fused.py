@@ -31,12 +31,17 @@ from paged_ref.engine import ops
 FUSED_BACKENDS = ("auto", "torch", "triton")
 
 
-def choose_backend(backend: str, device: torch.device) -> str:
-    """``"torch"`` or ``"triton"`` for tensors on ``device`` (``"auto"``: Triton on a GPU)."""
+def choose_backend(backend: str, device: torch.device, name: str = "the model") -> str:
+    """``"torch"`` or ``"triton"`` for tensors on ``device`` (``"auto"``: compiled Triton on a
+    GPU, torch elsewhere). ValueError for an unknown backend, or ``"triton"`` where Triton
+    cannot run on ``device`` (:func:`paged_ref._device.check_triton_device`; ``name`` is what
+    is on it, for the message)."""
     if backend not in FUSED_BACKENDS:
         raise ValueError(f"fused_backend must be one of {FUSED_BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _device.HAS_TRITON else "torch"
+        return "triton" if _device.compiled_triton_on(device) else "torch"
+    if backend == "triton":
+        _device.check_triton_device("fused_backend='triton'", name, device)
     return backend
 
 
@@ -57,7 +62,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
                  *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The residual stream after adding ``delta`` (``h`` itself when ``delta`` is None), and
     that stream RMS-normalised and scaled by ``weight`` (as ``LlamaRMSNorm``)."""
-    if choose_backend(backend, h.device) == "triton":
+    if choose_backend(backend, h.device, "h") == "triton":
         from paged_ref.kernels.triton.fused import add_rms_norm_triton
 
         return add_rms_norm_triton(h.contiguous(), None if delta is None else
@@ -81,7 +86,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
     """
     num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
     num_tokens = qkv.shape[0]
-    if choose_backend(backend, qkv.device) == "torch":
+    if choose_backend(backend, qkv.device, "qkv") == "torch":
         q, k, v = qkv.view(num_tokens, -1, head_dim).split(
             [num_q_heads, num_kv_heads, num_kv_heads], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
@@ -101,7 +106,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
 
 def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` where ``gate_up`` is ``[T, 2 I]`` = ``[gate | up]``; ``[T, I]``."""
-    if choose_backend(backend, gate_up.device) == "triton":
+    if choose_backend(backend, gate_up.device, "gate_up") == "triton":
         from paged_ref.kernels.triton.fused import silu_mul_triton
 
         return silu_mul_triton(gate_up.contiguous())

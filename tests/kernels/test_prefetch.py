@@ -8,14 +8,15 @@ not advanced, the first tile skipped, in the FP8/plain loop and in the INT4 loop
 
 from __future__ import annotations
 
+import functools
 import sys
 import zlib
 
 import pytest
 import torch
 
+from paged_course import testing
 from paged_course.checks import assert_close
-from paged_course.testing import make_paged_inputs
 from paged_ref import _device
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import kv_formats
@@ -23,6 +24,9 @@ from paged_ref.kernels.triton import split as triton_split
 from paged_ref.kernels.triton.decode import KernelConfig
 from tests.mutations.mutate import mutant_of
 
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
+make_paged_inputs = functools.partial(testing.make_paged_inputs, device=DEVICE)
 PREFETCH = KernelConfig(tile=16, num_warps=4, num_stages=1, prefetch=True)
 
 # (id, format or None, seq_lens, num_q_heads, num_kv_heads, head_dim, block_size, q dtype)
@@ -54,15 +58,6 @@ def check_both(inp, decode=triton_decode.paged_attention_triton,
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_prefetch_matches_float64(case):
     check_both(inputs(*case), name=case[0])
-
-
-def test_launch_options_pass_maxnreg_on_a_gpu_only(monkeypatch):
-    cfg = KernelConfig(64, 2, 3, maxnreg=128)
-    monkeypatch.setattr(_device, "INTERPRET", False)
-    assert cfg.launch_options() == dict(num_warps=2, num_stages=3, maxnreg=128)
-    assert KernelConfig().launch_options() == dict(num_warps=4, num_stages=3)
-    monkeypatch.setattr(_device, "INTERPRET", True)  # the interpreter takes no maxnreg
-    assert cfg.launch_options() == dict(num_warps=2, num_stages=3)
 
 
 PLANTED = [  # (module, old, new, case id)

@@ -7,12 +7,16 @@ import numpy as np
 import pytest
 import torch
 
+from paged_ref import _device
 from paged_ref.kernels.triton import checks as triton_checks
 from tests.mutations.mutate import mutant_of
 
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
+
 
 def numpy_stats(table, lens, block_size, num_blocks):
-    table, lens = table.numpy().astype(np.int64), lens.numpy().astype(np.int64)
+    table, lens = table.cpu().numpy().astype(np.int64), lens.cpu().numpy().astype(np.int64)
     used = np.arange(table.shape[1])[None, :] * block_size < lens[:, None]
     bad = used & ((table < 0) | (table >= num_blocks))
     return int(lens.min()), int(lens.max()), int(lens.sum()), int(bad.sum())
@@ -26,7 +30,7 @@ def random_case(seed, batch, width, block_size=4, num_blocks=50, strided=False):
     if strided:  # a transposed view and every other length: the kernel takes strides
         table = table.t().contiguous().t()
         lens = torch.stack([lens, lens]).t().flatten()[::2]
-    return table, lens, block_size, num_blocks
+    return table.to(DEVICE), lens.to(DEVICE), block_size, num_blocks
 
 
 CASES = [(0, 1, 1), (1, 3, 7), (2, 16, 128), (3, 17, 129), (4, 40, 300), (5, 5, 0)]
@@ -41,7 +45,7 @@ def test_kernel_counts_what_numpy_counts(seed, batch, width, strided):
 
 def numpy_checked_lens(table, lens, block_size, num_blocks):
     """What the kernel writes to ``checked_lens``: the length, or -1 for a row failing a check."""
-    table, lens = table.numpy().astype(np.int64), lens.numpy().astype(np.int64)
+    table, lens = table.cpu().numpy().astype(np.int64), lens.cpu().numpy().astype(np.int64)
     used = np.arange(table.shape[1])[None, :] * block_size < lens[:, None]
     bad = (used & ((table < 0) | (table >= num_blocks))).any(axis=1)
     ok = ~bad & (lens >= 0) & (lens <= table.shape[1] * block_size)
@@ -53,13 +57,13 @@ def test_checked_lens_mark_each_failing_row(seed, batch, width):
     table, lens, bs, nb = random_case(seed, batch, width, strided=seed % 2 == 1)
     got = triton_checks.start_checks(table, lens, bs, nb).checked_lens
     assert got.dtype == torch.int32
-    np.testing.assert_array_equal(got.numpy(), numpy_checked_lens(table, lens, bs, nb))
+    np.testing.assert_array_equal(got.cpu().numpy(), numpy_checked_lens(table, lens, bs, nb))
 
 
 def test_an_entry_just_past_the_last_used_block_is_not_checked():
     """Length 8 with blocks of 4 uses entries 0 and 1: garbage in entry 2 is fine, in 1 not."""
-    table = torch.tensor([[0, 1, -7]], dtype=torch.int32)
-    lens = torch.tensor([8], dtype=torch.int32)
+    table = torch.tensor([[0, 1, -7]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([8], dtype=torch.int32, device=DEVICE)
     assert triton_checks.length_stats(table, lens, 4, 2)[3] == 0
     lens[0] = 9  # now entry 2 is used
     assert triton_checks.length_stats(table, lens, 4, 2)[3] == 1
@@ -80,8 +84,9 @@ MUTATIONS = [
 def test_planted_mistakes_are_caught(desc, old, new, tmp_path, monkeypatch):
     mutant = mutant_of(triton_checks, [(old, new)], tmp_path, monkeypatch)
     cases = [random_case(seed, b, w) for seed, b, w in CASES]
-    cases.append((torch.tensor([[0, 1, -7]], dtype=torch.int32),
-                  torch.tensor([8], dtype=torch.int32), 4, 2))
+    cases.append((torch.tensor([[0, 1, -7]], dtype=torch.int32, device=DEVICE),
+                  torch.tensor([8], dtype=torch.int32, device=DEVICE), 4, 2))
     assert any(mutant.length_stats(*c) != numpy_stats(*c)
-               or (mutant.start_checks(*c).checked_lens.numpy() != numpy_checked_lens(*c)).any()
+               or (mutant.start_checks(*c).checked_lens.cpu().numpy()
+                   != numpy_checked_lens(*c)).any()
                for c in cases), desc

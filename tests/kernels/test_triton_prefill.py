@@ -9,12 +9,19 @@ divide the tile.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+from paged_course import testing
 from paged_course.checks import assert_close
-from paged_course.testing import make_prefill_inputs
+from paged_ref import _device
 from paged_ref.kernels.triton.prefill import PrefillConfig, paged_prefill_triton
+
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
+make_prefill_inputs = functools.partial(testing.make_prefill_inputs, device=DEVICE)
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -65,7 +72,7 @@ def test_strided_q_and_given_out():
     qkv projection); the result lands in ``out``."""
     inp = make_prefill_inputs([14, 20], [14, 3], num_q_heads=4, num_kv_heads=2, head_dim=32,
                               block_size=4, seed=9)
-    wide = torch.randn(inp.q.shape[0], 6, 32)
+    wide = torch.randn(inp.q.shape[0], 6, 32, device=DEVICE)
     wide[:, 1:5] = inp.q
     out = torch.empty_like(inp.q)
     got = paged_prefill_triton(wide[:, 1:5], *inp.args()[1:], out=out)

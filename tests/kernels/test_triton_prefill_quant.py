@@ -10,17 +10,22 @@ kernel's source, must each make a case fail.
 
 from __future__ import annotations
 
+import functools
 import sys
 import zlib
 
 import pytest
 import torch
 
+from paged_course import testing
 from paged_course.checks import assert_close
-from paged_course.testing import make_prefill_inputs
-from paged_ref import paged_prefill
+from paged_ref import _device, paged_prefill
 from paged_ref.kernels.triton import prefill as triton_prefill
 from tests.mutations.mutate import mutant_of
+
+#: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
+DEVICE = _device.triton_device()
+make_prefill_inputs = functools.partial(testing.make_prefill_inputs, device=DEVICE)
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

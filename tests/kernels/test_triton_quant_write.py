@@ -19,7 +19,12 @@ from paged_ref.quant import write_slots
 from tests.mutations.mutate import mutant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FORMATS = ("fp8", "fp8_token_head", "int4", "int4_g64")
+#: "int4_head": one (scale, zero) pair per head, ``int4_g<head_dim>``.
+FORMATS = ("fp8", "fp8_token_head", "int4", "int4_head")
+
+
+def format_name(fmt: str, head_dim: int) -> str:
+    return f"int4_g{head_dim}" if fmt == "int4_head" else fmt
 
 
 def delicate_values(num_tokens, heads, head_dim, dtype, seed):
@@ -32,18 +37,20 @@ def delicate_values(num_tokens, heads, head_dim, dtype, seed):
     x[2, 0, : head_dim // 4] = 1000.0  # past 448: saturates
     x[3, 0] = -1e-5  # negative values that round to zero: -0.0 codes
     grid = torch.tensor([1.0625, 1.1875, 0.5 + 2**-10, 3.0 * 2**-10, 14.5, 240.0, 448.0])
-    x[4, 0, : grid.numel()] = grid  # e4m3 ties (to even) and edges, at scale 1
+    n = min(head_dim, grid.numel())
+    x[4, 0, :n] = grid[:n]  # e4m3 ties (to even) and edges, at scale 1
     half = torch.arange(head_dim, dtype=torch.float64) % 16 + 0.5  # INT4 ties: min 0.5 ..
     x[5, 0] = half.clamp(max=15.5) - 0.5 * (torch.arange(head_dim) % 32 == 0)  # .. max 15.5
     return x.to(dtype)
 
 
-def write_both(fmt, dtype, heads, head_dim, seed=0, quant_write=None):
-    num_blocks, block_size, num_tokens = 5, 8, 24
+def write_both(fmt, dtype, heads, head_dim, seed=0, quant_write=None, *, num_blocks=5,
+               block_size=8, num_tokens=24, values=delicate_values):
     caches = [PagedKVCache(1, num_blocks, block_size, heads, head_dim, dtype=dtype,
-                           device=DEVICE, kv_format=fmt) for _ in range(2)]
-    k = delicate_values(num_tokens, heads, head_dim, dtype, seed).to(DEVICE)
-    v = delicate_values(num_tokens, heads, head_dim, dtype, seed + 1).flip(0).to(DEVICE)
+                           device=DEVICE, kv_format=format_name(fmt, head_dim))
+              for _ in range(2)]
+    k = values(num_tokens, heads, head_dim, dtype, seed).to(DEVICE)
+    v = values(num_tokens, heads, head_dim, dtype, seed + 1).flip(0).to(DEVICE)
     slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(
         seed))[:num_tokens].to(DEVICE)
     (k1, v1), (k2, v2) = caches[0].layer(0), caches[1].layer(0)
@@ -64,13 +71,45 @@ def assert_same_bytes(ref, got):
             assert torch.equal(x, y), name
 
 
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+#: (heads, head_dim, dtype): every dtype with the powers of two; the head dims that are not
+#: (80, 96, 120; 6: halves of 3 channels), which the kernel pads with masks as the attention
+#: kernels do, one dtype each.
+SHAPES = [(h, d, t) for h, d in [(3, 64), (8, 128), (1, 32)] for t in (BF16, F16, F32)] + [
+    (2, 80, BF16), (3, 96, F16), (1, 120, F32), (5, 6, BF16)]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("heads,head_dim", [(3, 64), (8, 128), (1, 32)])
+@pytest.mark.parametrize("heads,head_dim,dtype", SHAPES, ids=str)
 def test_same_bytes_as_write_slots(fmt, dtype, heads, head_dim):
-    if fmt == "int4_g64" and head_dim < 64:
-        pytest.skip("a group of 64 channels needs head_dim >= 64")
     ref, got = write_both(fmt, dtype, heads, head_dim)
+    assert_same_bytes(ref, got)
+
+
+def unbound_key_value(num_tokens, heads, head_dim, dtype, seed):
+    """vLLM's test inputs: K (or V) as one of three views of a ``[T, 3, H, D]`` qkv tensor,
+    so its token stride is ``3 * H * D``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_tokens, 3, heads, head_dim, generator=gen).to(dtype)[:, 1]
+
+
+# vLLM's reshape_and_cache_flash grid (tests/kernels/attention/test_cache.py): 8 heads, head
+# sizes 64 / 80 / 256, block sizes 8 / 16 / 32, bfloat16 / float32, 42 // 2 tokens into random
+# slots of a pool of 1024 // 2 blocks; every format. Compiled, the whole grid; in the
+# interpreter a covering set (each head size, block size, format and dtype; 64 blocks).
+COMPILED = DEVICE == "cuda" and not _device.INTERPRET
+VLLM_GRID = [(f, t, d, b) for f in FORMATS for t in (BF16, F32) for d in (64, 80, 256)
+             for b in (8, 16, 32)]
+if not COMPILED:
+    VLLM_GRID = [(f, (BF16, F32)[i % 2], d, b) for i, f in enumerate(FORMATS)
+                 for d, b in ((64, 8), (80, 16), (256, 32))]
+
+
+@pytest.mark.parametrize("fmt,dtype,head_size,block_size", VLLM_GRID, ids=str)
+def test_vllm_reshape_and_cache_grid(fmt, dtype, head_size, block_size):
+    ref, got = write_both(fmt, dtype, 8, head_size, seed=head_size + block_size,
+                          num_blocks=512 if COMPILED else 64, block_size=block_size,
+                          num_tokens=21, values=unbound_key_value)
     assert_same_bytes(ref, got)
 
 
@@ -80,13 +119,31 @@ PLANTED = {
     "no saturation": ("y = tl.minimum(tl.maximum(y, -448.0), 448.0)", "y = y"),
     "+0.0 for negatives": ("return tl.where(snapped == 0.0, v * 0.0, snapped)",
                            "return snapped"),
-    "nibbles swapped": ("packed = lo_half | (hi_half << 4)", "packed = hi_half | (lo_half << 4)"),
-    "zero not rounded to float16": ("g - zero16.to(tl.float32)[:, :, None]",
-                                    "g - low[:, :, None]"),
+    "nibbles swapped": (
+        "packed = _int4_codes(lo, s_lo, z_lo) | (_int4_codes(hi, s_hi, z_hi) << 4)",
+        "packed = _int4_codes(hi, s_hi, z_hi) | (_int4_codes(lo, s_lo, z_lo) << 4)"),
+    "zero not rounded to float16": ("return scale.to(tl.float16), low.to(tl.float16)",
+                                    "return scale.to(tl.float16), low"),
+    "padded lanes in the INT4 minimum": ("low = tl.min(tl.where(ok, x, float(\"inf\")), axis=1)",
+                                         "low = tl.min(x, axis=1)"),
+    "padded lanes in a head's one group": ("both_ok = tl.join(ok, ok)",
+                                           "both_ok = tl.join(ok | True, ok | True)"),
 }
 
 
-@pytest.mark.parametrize("mistake", PLANTED)
+@pytest.mark.parametrize("mistake", list(PLANTED)[5:])
+def test_planted_padding_mistakes_are_caught(mistake, tmp_path, monkeypatch):
+    """head_dim 80 is padded to 64 lanes a half (40 channels): a padded lane that takes part
+    in a group's minimum is caught (the constant and the tie rows have a minimum above 0)."""
+    mutant = mutant_of(triton_quant_write, [PLANTED[mistake]], tmp_path, monkeypatch)
+    fmt = "int4_head" if "group" in mistake else "int4"
+    ref, got = write_both(fmt, torch.float32, 3, 80, seed=5, num_blocks=3,
+                          quant_write=mutant.quant_write_triton)
+    with pytest.raises(AssertionError):
+        assert_same_bytes(ref, got)
+
+
+@pytest.mark.parametrize("mistake", list(PLANTED)[:5])
 def test_planted_mistakes_are_caught(mistake, tmp_path, monkeypatch):
     mutant = mutant_of(triton_quant_write, [PLANTED[mistake]], tmp_path, monkeypatch)
     caught = False
@@ -100,7 +157,7 @@ def test_planted_mistakes_are_caught(mistake, tmp_path, monkeypatch):
 
 
 def test_the_kernel_writes_out_the_quantisers_constants():
-    """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay quant.py's."""
+    """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay paged_ref.quant's."""
     from paged_ref.quant import FP8_MAX, INT4_MAX
 
     source = inspect.getsource(triton_quant_write)

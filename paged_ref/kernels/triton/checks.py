@@ -93,7 +93,17 @@ class PendingChecks:
 def start_checks(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                  num_blocks: int) -> PendingChecks:
     """Launch the check kernel and the copy of its four numbers per program to the host; do
-    not wait. ``block_tables`` ``[batch, width]``, ``seq_lens`` ``[batch]``, batch >= 1."""
+    not wait.
+
+    Args:
+        block_tables: integer ``[batch, width]``, any strides, batch >= 1.
+        seq_lens: integer ``[batch]``, any strides.
+        block_size, num_blocks: the cache's.
+
+    Returns:
+        PendingChecks: ``checked_lens`` (int32 ``[batch]``, ``-1`` for a failed row) now, the
+        verdict by :meth:`PendingChecks.stats`.
+    """
     device = seq_lens.device
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):  # kernel, copy and event on one GPU's stream
@@ -118,9 +128,14 @@ def start_checks(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
 
 def length_stats(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                  num_blocks: int) -> tuple[int, int, int, int]:
-    """``(shortest, longest, total, bad used entries)`` over the batch: one launch, one small
-    read-back (waited for here). ``block_tables`` ``[batch, width]``, ``seq_lens`` ``[batch]``,
-    batch >= 1."""
+    """The check kernel's verdict: one launch, one small read-back (waited for here).
+
+    Args:
+        block_tables, seq_lens, block_size, num_blocks: as for :func:`start_checks`.
+
+    Returns:
+        ``(shortest, longest, total, bad used entries)`` over the batch, Python ints.
+    """
     return start_checks(block_tables, seq_lens, block_size, num_blocks).stats()
 
 

@@ -45,7 +45,6 @@ from paged_ref.kernels.triton.kv_formats import (
     token_slots,
 )
 from paged_ref.kernels.triton.launch import launch
-from paged_ref.validation import check_out
 
 LOG2E = 1.4426950408889634
 
@@ -55,40 +54,31 @@ class KernelConfig:
     """Launch shape: ``tile`` tokens per loop step, warps per program, pipeline depth, and
     ``prefetch``: the kernel itself loads the next tile into registers before it uses this one
     (for de-quantised caches, whose tiles Triton's pipeline would stage through shared memory
-    as bytes; use it with ``num_stages=1``), and ``maxnreg``: at most this many registers a
-    thread (None: as many as the compiler wants; fewer registers, more programs at once on a
-    multiprocessor: 65,536 registers / (32 x warps x registers))."""
+    as bytes; use it with ``num_stages=1``)."""
 
     tile: int = 64
     num_warps: int = 4
     num_stages: int = 3
     prefetch: bool = False
-    maxnreg: int | None = None
 
     @property
     def label(self) -> str:
-        """``t64,w4,s3`` (``,prefetch`` and ``,maxnreg128`` when set): for tables."""
-        extra = (",prefetch" if self.prefetch else "") + (
-            f",maxnreg{self.maxnreg}" if self.maxnreg else "")
-        return f"t{self.tile},w{self.num_warps},s{self.num_stages}{extra}"
+        """``t64,w4,s3`` (``,prefetch`` when set): for tables (the bench's config sweep)."""
+        return f"t{self.tile},w{self.num_warps},s{self.num_stages}" + (
+            ",prefetch" if self.prefetch else "")
 
     def launch_options(self) -> dict:
         """Triton's launch options for this config."""
-        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
-        if self.maxnreg and not _device.INTERPRET:
-            options["maxnreg"] = self.maxnreg
-        return options
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
-#: Launch configs for quantised caches (KV_FORMAT -> config), from the H200 sweep in
-#: results/h200/fp8_triton_study.json, part regs (B64_L4096, head_dim 128, q bf16; 24 configs a
-#: format and layout, with the compiled kernel's registers): 64 tokens a tile on 2 warps was fastest
-#: for FP8 (per tensor 66 % of copy bandwidth, 0.191 ms, against 54 % at 128 tokens on 4
-#: warps, the config before) and for INT4 (23 %). Capping registers (``maxnreg``) to fit more
-#: programs on a multiprocessor did not help. Used for head_dim <= 128 and 16-bit q (the
-#: configs measured); everything else keeps KernelConfig(). INT4 loads its next tile itself
-#: (``prefetch``): 24.7 % against 22.9 % (the same file, part prefetch), the only
-#: format it helped.
+#: Launch configs for quantised caches (KV_FORMAT -> config), from a sweep on the H200
+#: (B64_L4096, head_dim 128, q bf16; 24 configs a format and layout): 64 tokens a tile on 2
+#: warps was fastest for FP8 (per tensor 66 % of copy bandwidth, 0.191 ms, against 54 % at
+#: 128 tokens on 4 warps, the config before) and for INT4 (23 %); capping the registers a
+#: thread to fit more programs on a multiprocessor did not help. Used for head_dim <= 128 and
+#: 16-bit q (the configs measured); everything else keeps KernelConfig(). INT4 loads its next
+#: tile itself (``prefetch``): 24.7 % against 22.9 %, the only format it helped.
 QUANTISED_CONFIGS = {1: KernelConfig(64, 2, 3), 2: KernelConfig(64, 2, 3),
                      3: KernelConfig(64, 2, 1, prefetch=True)}
 
@@ -283,9 +273,11 @@ def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_out(out: torch.Tensor | None, q: torch.Tensor, k_cache) -> tuple[torch.Tensor, bool]:
-    """``out`` checked (or allocated), and whether the call is already done: an empty batch,
-    or a pool with no blocks at all (every length is 0 then, the checks saw to it: zeros)."""
-    out = check_out(out, q)
+    """``out`` (a new contiguous one when None), and whether the call is already done: an
+    empty batch, or a pool with no blocks at all (every length is 0 then, the checks saw to
+    it: zeros). ``out`` comes checked from the layer above (unit stride in head_dim)."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0] and k_cache.shape[0] == 0:
         out.zero_()
     return out, q.shape[0] == 0 or k_cache.shape[0] == 0
@@ -335,11 +327,23 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Launch :func:`paged_decode_kernel`. Inputs as in ``paged_attention`` (already checked).
+    """Launch :func:`paged_decode_kernel`: one program per (sequence, KV head).
 
-    Returns [batch, num_q_heads, head_dim] in q's dtype. ``out`` may be given to skip the
-    allocation (the benchmark and planned calls do). Lengths are clamped to ``max_seq_len``
-    (default: what the table holds, ``max_blocks_per_seq * block_size``).
+    Args:
+        q: ``[batch, Hq, D]`` float16 / bfloat16 / float32, any strides (a copy when head_dim's
+            stride is not 1).
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` contiguous tensors of q's dtype,
+            or :class:`~paged_ref.QuantizedKV` caches.
+        block_tables: int32 ``[batch, max_blocks_per_seq]``; seq_lens: int32 ``[batch]``
+            (``-1`` rows are skipped). Values already checked (the kernel trusts them).
+        scale: softmax scale, default ``head_dim ** -0.5``.
+        config: launch shape, default :func:`default_config`.
+        out: ``[batch, Hq, D]`` of q's dtype, head_dim stride 1; default a new contiguous one.
+        max_seq_len: lengths are clamped to it; default what the table holds
+            (``max_blocks_per_seq * block_size``).
+
+    Returns:
+        ``out``: ``[batch, Hq, D]`` in q's dtype.
     """
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
@@ -363,5 +367,5 @@ def paged_attention_triton(
     return out
 
 
-__all__ = ["KernelConfig", "attend_tokens", "check_out", "paged_attention_triton", "prepare_out",
+__all__ = ["KernelConfig", "attend_tokens", "paged_attention_triton", "prepare_out",
            "paged_decode_kernel", "unit_last_stride"]

@@ -46,13 +46,18 @@ def kv_format_code(cache) -> int:
 
 
 def kv_kernel_args(k_cache, v_cache) -> tuple[tuple, dict]:
-    """``(args, constexprs)`` for the kernels from a cache pair.
+    """The kernels' arguments for a cache pair.
 
-    args: ``(k_data, v_data, k_scale, v_scale, k_zero, v_zero, stride_sb, stride_st,
-    stride_sh)``: the code (or value) tensors, the scale tensors (the data tensors stand in
-    where a format has none; they are never read) and the strides of the scales' first three
-    dims (block, token-in-block, head; 0 for a per-tensor scale).
-    constexprs: ``KV_FORMAT`` and ``INT4_GROUPS`` ((scale, zero) pairs per token-head).
+    Args:
+        k_cache, v_cache: ``[num_blocks, block_size, Hkv, D]`` tensors, or QuantizedKV caches
+            of one format.
+
+    Returns:
+        ``(args, constexprs)``. args: ``(k_data, v_data, k_scale, v_scale, k_zero, v_zero,
+        stride_sb, stride_st, stride_sh)``: the code (or value) tensors, the scale tensors (the
+        data tensors stand in where a format has none; they are never read) and the strides of
+        the scales' first three dims (block, token-in-block, head; 0 for a per-tensor scale).
+        constexprs: ``KV_FORMAT`` and ``INT4_GROUPS`` ((scale, zero) pairs per token-head).
     """
     code = kv_format_code(k_cache)
     if code == 0:

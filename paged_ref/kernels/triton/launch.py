@@ -1,8 +1,7 @@
 """A shorter launch path for the decode kernels' hot calls (lesson 06: the cost around a kernel).
 
 ``kernel[grid](*args)`` cost 31.5 us of host time in Triton 3.6 for ``split_kv_kernel``'s ~40
-arguments on the host of a two-H200 machine (tools/gpu/launch_probe.py,
-results/h200/launch_path.json):
+arguments, measured on the host of a two-H200 machine:
 
 * 9.7 us in the *binder*, which reads every argument's specialisation (dtype of each tensor,
   16-byte alignment of each pointer, integers equal to 1 or divisible by 16): the compiled
@@ -31,7 +30,12 @@ _COMPILED: dict = {}  # (kernel, device, specialisation, options) -> CompiledKer
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, with less host time on a GPU (see the module doc).
-    ``args[0]`` is a tensor (the kernel's first output)."""
+
+    Args:
+        kernel: a ``@triton.jit`` function.
+        grid: programs per axis (1 to 3 ints).
+        args, kwargs: the kernel's arguments; ``args[0]`` is a tensor (its first output).
+    """
     device = None if _device.INTERPRET else torch.cuda.current_device()
     if device is None or args[0].device.index != device:
         # The interpreter; or tensors on another GPU than the current one (Triton's own path

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from paged_ref import _device
-from paged_ref.kernels.triton.decode import launch_constants
+from paged_ref.kernels.triton.decode import launch_constants, unit_last_stride
 from paged_ref.kernels.triton.kv_formats import (
     KV_FP8_TENSOR,
     KV_FP8_TOKEN_HEAD,
@@ -283,18 +283,29 @@ def paged_prefill_triton(
     config: PrefillConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch :func:`paged_prefill_kernel`; inputs as in ``paged_prefill`` (already checked).
+    """Launch :func:`paged_prefill_kernel`. With ``query_lens`` and no ``config``, a batch that
+    mixes decode-like sequences (a few query rows) with long ones is launched twice: the short
+    ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay for a
+    128-row tile.
 
-    ``max_query_len`` (the most query rows of any sequence) sizes the grid; pass it, or the
-    host list ``query_lens``, to avoid a read-back. With ``query_lens`` and no ``config``, a
-    batch that mixes decode-like sequences (a few query rows) with long ones is launched twice:
-    the short ones with small tiles (:data:`SHORT_CONFIG`), so that one query row does not pay
-    for a 128-row tile. ``out`` may be given to skip the allocation. Returns [T, Hq, D].
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal: as for
+            :func:`paged_ref.paged_prefill`, values already checked; any strides.
+        max_query_len: the most query rows of any sequence (sizes the grid); pass it, or
+            ``query_lens`` (host ints), to avoid a read-back.
+        query_lens: host list of each sequence's query rows.
+        config: launch shape, default :func:`default_config`.
+        out: ``[T, Hq, D]`` of q's dtype, head_dim stride 1; default a new contiguous one.
+
+    Returns:
+        ``out``: ``[total_query_tokens, Hq, D]`` in q's dtype.
     """
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    # NOTE: the kernel reads head_dim, a table row and the lengths with stride 1 (the other
+    # strides are passed): a copy otherwise (they are small).
+    q, block_tables, seq_lens, query_start_loc = (unit_last_stride(t) for t in (
+        q, block_tables, seq_lens, query_start_loc))
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     batch = seq_lens.shape[0]
     if query_lens is not None:
         max_query_len = max(query_lens, default=0)

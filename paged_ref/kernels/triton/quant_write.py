@@ -1,7 +1,7 @@
 """The quantising K/V write as one Triton kernel: what :func:`paged_ref.quant.write_slots` does
 with ~20 torch ops a tensor (scales, codes, packing, two or three scatters), in one launch for
 K and V together. The engine's decode step on an INT4 cache went from 9.5 kernels a layer
-(plain cache) to 52; the quantising write was the difference (``tools/gpu/format_step_probe.py``).
+(plain cache) to 52 (measured on the H200); the quantising write was the difference.
 
 The codes and scales are *bit for bit* those of ``write_slots`` (the tests compare bytes), so
 every reader decodes the same values whichever path wrote them. That takes care with rounding:
@@ -16,6 +16,8 @@ Layout (per layer, as :class:`paged_ref.QuantizedKV` keeps it): codes ``[num_blo
 block_size, Hkv, D]`` (fp8) or ``[..., D // 2]`` (uint8, channel i low nibble, i + D/2 high);
 scales ``[num_blocks, block_size, Hkv]`` (fp8 per token-head, float32) or ``[..., groups]``
 (INT4 scale and zero, float16). A slot ``s`` is row ``s`` of the first two dims flattened.
+Any head_dim the formats store (fp8: any; INT4: even): a head, or an INT4 half, is padded to a
+power of two of lanes (Triton's blocks) and masked, as the attention kernels do.
 """
 
 from __future__ import annotations
@@ -52,43 +54,79 @@ def _round_half_even(y):
 
 
 @triton.jit
-def _quantize_rows(x, data_ptr, scale_ptr, zero_ptr, slot, stride_dt, stride_dh, stride_st,
-                   stride_sh, tensor_scale_ptr, KIND: tl.constexpr, H_PAD: tl.constexpr,
-                   NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr):
-    """Quantise ``x`` [H_PAD, HEAD_DIM] (float32, one token's heads) into slot ``slot``."""
+def _int4_scale_zero(x, ok):
+    """float16 (scale, zero) of the INT4 group ``x`` [H_PAD, N] over the lanes ``ok``, per
+    head: ``zero = min``, ``scale = max((max - min) / 15, 2^-24)``, as ``int4_scale_zero``."""
+    low = tl.min(tl.where(ok, x, float("inf")), axis=1)
+    high = tl.max(tl.where(ok, x, float("-inf")), axis=1)
+    scale = tl.maximum(tl.math.div_rn(high - low, 15.0), 2.0**-24)
+    return scale.to(tl.float16), low.to(tl.float16)
+
+
+@triton.jit
+def _int4_codes(x, scale16, zero16):
+    """Codes ``round((x - zero) / scale)`` in 0..15 (uint8) from the float16 scale and zero."""
+    codes = _round_half_even(tl.math.div_rn(x - zero16.to(tl.float32)[:, None],
+                                            scale16.to(tl.float32)[:, None]))
+    return tl.minimum(tl.maximum(codes, 0.0), 15.0).to(tl.uint8)
+
+
+@triton.jit
+def _write_int4(src, data_ptr, scale_ptr, zero_ptr, slot, stride_dt, stride_dh, stride_st,
+                stride_sh, H_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
+                HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, GROUPS: tl.constexpr):
+    """One token's heads (``src``: pointers to their first channels, [H_PAD, 1]) into INT4
+    slot ``slot``: byte ``i`` = code ``i`` | code ``i + D/2`` << 4, a (scale, zero) per half
+    (``GROUPS`` 2) or per head (1). Halves are loaded apart, padded to ``HALF_PAD`` lanes and
+    masked, so any even head_dim works."""
+    HALF: tl.constexpr = HEAD_DIM // 2
     offs_h = tl.arange(0, H_PAD)
+    offs_j = tl.arange(0, HALF_PAD)
+    ok = (offs_h < NUM_HEADS)[:, None] & (offs_j < HALF)[None, :]
+    lo = tl.load(src + offs_j[None, :], mask=ok, other=0.0).to(tl.float32)
+    hi = tl.load(src + HALF + offs_j[None, :], mask=ok, other=0.0).to(tl.float32)
+    s_ptrs = slot * stride_st + offs_h * stride_sh
     head_ok = offs_h < NUM_HEADS
-    if KIND == 2:  # INT4: (scale, zero) per group; byte i = code i | code (i + D/2) << 4
-        G: tl.constexpr = HEAD_DIM // GROUPS
-        g = tl.reshape(x, (H_PAD, GROUPS, G))
-        low = tl.min(g, axis=2)
-        scale = tl.maximum(tl.math.div_rn(tl.max(g, axis=2) - low, 15.0), 2.0**-24)
-        scale16, zero16 = scale.to(tl.float16), low.to(tl.float16)
-        codes = _round_half_even(tl.math.div_rn(g - zero16.to(tl.float32)[:, :, None],
-                                                scale16.to(tl.float32)[:, :, None]))
-        codes = tl.minimum(tl.maximum(codes, 0.0), 15.0).to(tl.uint8)
-        codes = tl.reshape(codes, (H_PAD, 2, HEAD_DIM // 2))
-        lo_half, hi_half = tl.split(tl.permute(codes, (0, 2, 1)))
-        packed = lo_half | (hi_half << 4)
-        offs_b = tl.arange(0, HEAD_DIM // 2)
-        tl.store(data_ptr + slot * stride_dt + offs_h[:, None] * stride_dh + offs_b[None, :],
-                 packed, mask=head_ok[:, None])
-        offs_g = tl.arange(0, GROUPS)
-        s_ptrs = slot * stride_st + offs_h[:, None] * stride_sh + offs_g[None, :]
-        tl.store(scale_ptr + s_ptrs, scale16, mask=head_ok[:, None])
-        tl.store(zero_ptr + s_ptrs, zero16, mask=head_ok[:, None])
+    if GROUPS == 2:
+        s_lo, z_lo = _int4_scale_zero(lo, ok)
+        s_hi, z_hi = _int4_scale_zero(hi, ok)
+        tl.store(scale_ptr + s_ptrs + 1, s_hi, mask=head_ok)
+        tl.store(zero_ptr + s_ptrs + 1, z_hi, mask=head_ok)
+    else:  # one group: the two halves side by side
+        both = tl.join(lo, hi)  # [H_PAD, HALF_PAD, 2]
+        both_ok = tl.join(ok, ok)
+        s_lo, z_lo = _int4_scale_zero(tl.reshape(both, (H_PAD, 2 * HALF_PAD)),
+                                      tl.reshape(both_ok, (H_PAD, 2 * HALF_PAD)))
+        s_hi, z_hi = s_lo, z_lo
+    tl.store(scale_ptr + s_ptrs, s_lo, mask=head_ok)
+    tl.store(zero_ptr + s_ptrs, z_lo, mask=head_ok)
+    packed = _int4_codes(lo, s_lo, z_lo) | (_int4_codes(hi, s_hi, z_hi) << 4)
+    tl.store(data_ptr + slot * stride_dt + offs_h[:, None] * stride_dh + offs_j[None, :],
+             packed, mask=ok)
+
+
+@triton.jit
+def _write_fp8(src, data_ptr, scale_ptr, tensor_scale_ptr, slot, stride_dt, stride_dh,
+               stride_st, stride_sh, KIND: tl.constexpr, H_PAD: tl.constexpr,
+               NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+    """One token's heads (``src`` as for :func:`_write_int4`) into e4m3 slot ``slot``: a
+    float32 scale per head (``KIND`` FP8_TOKEN_HEAD: amax / 448, 1 for an all-zero head) or
+    the layer's one scale. ``D_PAD`` lanes, masked past ``HEAD_DIM``."""
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    head_ok = offs_h < NUM_HEADS
+    ok = head_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    x = tl.load(src + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
+    if KIND == 1:
+        amax = tl.max(tl.abs(x), axis=1)  # (padded lanes are 0: they change no maximum)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        tl.store(scale_ptr + slot * stride_st + offs_h * stride_sh, scale, mask=head_ok)
+        y = tl.math.div_rn(x, scale[:, None])
     else:
-        if KIND == 1:  # one float32 scale per token-head: amax / 448 (1 for an all-zero row)
-            amax = tl.max(tl.abs(x), axis=1)
-            scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
-            tl.store(scale_ptr + slot * stride_st + offs_h * stride_sh, scale, mask=head_ok)
-            y = tl.math.div_rn(x, scale[:, None])
-        else:  # the layer's one scale, as it is
-            y = tl.math.div_rn(x, tl.load(tensor_scale_ptr))
-        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-        offs_d = tl.arange(0, HEAD_DIM)
-        tl.store(data_ptr + slot * stride_dt + offs_h[:, None] * stride_dh + offs_d[None, :],
-                 _e4m3_grid(y).to(tl.float8e4nv), mask=head_ok[:, None])
+        y = tl.math.div_rn(x, tl.load(tensor_scale_ptr))
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    tl.store(data_ptr + slot * stride_dt + offs_h[:, None] * stride_dh + offs_d[None, :],
+             _e4m3_grid(y).to(tl.float8e4nv), mask=ok)
 
 
 @triton.jit
@@ -96,21 +134,24 @@ def quant_write_kernel(k_ptr, v_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, 
                        kd_ptr, ks_ptr, kz_ptr, vd_ptr, vs_ptr, vz_ptr, k_tensor_scale_ptr,
                        v_tensor_scale_ptr, stride_dt, stride_dh, stride_st, stride_sh,
                        KIND: tl.constexpr, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+                       GROUPS: tl.constexpr):
     """Grid (num_tokens,): token ``t``'s K and V, all heads, into slot ``slots[t]``."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    offs_h = tl.arange(0, H_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask = (offs_h < NUM_HEADS)[:, None]
-    k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh
-                + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    _quantize_rows(k, kd_ptr, ks_ptr, kz_ptr, slot, stride_dt, stride_dh, stride_st, stride_sh,
-                   k_tensor_scale_ptr, KIND, H_PAD, NUM_HEADS, HEAD_DIM, GROUPS)
-    v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh
-                + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    _quantize_rows(v, vd_ptr, vs_ptr, vz_ptr, slot, stride_dt, stride_dh, stride_st, stride_sh,
-                   v_tensor_scale_ptr, KIND, H_PAD, NUM_HEADS, HEAD_DIM, GROUPS)
+    offs_h = tl.arange(0, H_PAD)[:, None]
+    k = k_ptr + t * stride_kt + offs_h * stride_kh
+    v = v_ptr + t * stride_vt + offs_h * stride_vh
+    if KIND == 2:
+        _write_int4(k, kd_ptr, ks_ptr, kz_ptr, slot, stride_dt, stride_dh, stride_st,
+                    stride_sh, H_PAD, NUM_HEADS, HEAD_DIM, HALF_PAD, GROUPS)
+        _write_int4(v, vd_ptr, vs_ptr, vz_ptr, slot, stride_dt, stride_dh, stride_st,
+                    stride_sh, H_PAD, NUM_HEADS, HEAD_DIM, HALF_PAD, GROUPS)
+    else:
+        _write_fp8(k, kd_ptr, ks_ptr, k_tensor_scale_ptr, slot, stride_dt, stride_dh,
+                   stride_st, stride_sh, KIND, H_PAD, NUM_HEADS, HEAD_DIM, D_PAD)
+        _write_fp8(v, vd_ptr, vs_ptr, v_tensor_scale_ptr, slot, stride_dt, stride_dh,
+                   stride_st, stride_sh, KIND, H_PAD, NUM_HEADS, HEAD_DIM, D_PAD)
 
 
 def _slot_strides(cache: QuantizedKV, name: str) -> tuple[int, int]:
@@ -153,5 +194,6 @@ def quant_write_triton(k_cache: QuantizedKV, v_cache: QuantizedKV, k: torch.Tens
         k_cache.data, scales[0], scales[1], v_cache.data, scales[2], scales[3],
         k_cache.scale, v_cache.scale, stride_dt, stride_dh, stride_st, stride_sh,
         KIND=kind, NUM_HEADS=num_heads, H_PAD=triton.next_power_of_2(num_heads),
-        HEAD_DIM=head_dim, GROUPS=groups)
+        HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim),
+        HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2)), GROUPS=groups)
 

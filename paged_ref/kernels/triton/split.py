@@ -40,7 +40,6 @@ from paged_ref.kernels.triton.decode import (
 )
 from paged_ref.kernels.triton.kv_formats import kv_kernel_args
 from paged_ref.kernels.triton.launch import launch
-from paged_ref.validation import Lengths
 
 #: Programs that run at once on one multiprocessor (a rough figure for these kernels).
 PROGRAMS_PER_SM = 4
@@ -55,17 +54,15 @@ CHUNK_TILE = 16
 #: a step.
 MERGE_TILE_ELEMENTS = 8192
 #: Plans with at most this many chunks merge inside the split kernel (one launch). 0: never.
-#: Measured on an H200 (results/h200/decode.json, 2026-11-30, fused for B4_L2048, B8_L32768,
-#: B32_ragged): slower than the separate merge kernel of the previous run (chunks.json) on each:
-#: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs 95.5 %, B32_ragged
-#: 84.8 vs 90.5 % of copy bandwidth; the last program's serial merge (and the merge code's
-#: registers in every program) cost more than the second launch saves.
+#: Measured on an H200 (B4_L2048, B8_L32768, B32_ragged) it was slower than the separate
+#: merge kernel on each: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs
+#: 95.5 %, B32_ragged 84.8 vs 90.5 % of copy bandwidth (the last program's serial merge, and
+#: the merge code's registers in every program, cost more than the second launch saves).
 FUSED_MERGE_MAX_CHUNKS = 0
 #: ...but outside a CUDA graph a launch costs host time, and a small call is bound by it: plans
 #: with at most this much work (tokens x KV heads) merge inside the split kernel when run
-#: eagerly, and use the second kernel when captured. Measured on an H200 (B4_L2048, 65,536
-#: token-heads, planned eager calls): 0.0291 ms fused (results/h200/decode.json) vs 0.0345 ms
-#: with the merge kernel (bench_separate_merge.json); replayed from a graph, 0.0291 vs 0.0226.
+#: eagerly, the second kernel when captured. On an H200 (B4_L2048, 65,536 token-heads, planned
+#: eager calls): 0.0291 ms fused vs 0.0345 with the merge kernel; from a graph 0.0291 vs 0.0226.
 EAGER_FUSED_MAX_WORK = 1 << 17
 
 
@@ -114,6 +111,16 @@ def plan_split(
     into equal chunks of about the even share (at least ``min_chunk``, a multiple of ``tile``),
     half of it when the lengths are ragged (the longest well above the mean).
     Uses only these numbers, so the plan (and the result) is the same on every call.
+
+    Args:
+        batch, num_kv_heads: the call's sizes.
+        max_len, total_tokens: the longest and the summed length (tokens).
+        num_sms: the GPU's multiprocessors (:func:`num_multiprocessors`).
+        tile: the kernel's tokens per step (chunks are multiples of it).
+        programs_per_sm, min_chunk: see :data:`PROGRAMS_PER_SM`, :data:`MIN_CHUNK`.
+
+    Returns:
+        SplitPlan (one chunk: no split).
     """
     if max_len <= 0:
         return SplitPlan(chunk_size=1, num_chunks=1)
@@ -134,8 +141,10 @@ def plan_split(
                      eager_fused_merge=total_tokens * num_kv_heads <= EAGER_FUSED_MAX_WORK)
 
 
-def plan_for_inputs(q: torch.Tensor, k_cache: torch.Tensor, lengths: Lengths) -> SplitPlan:
-    """:func:`plan_split` for these inputs on their device (``lengths`` from the checks)."""
+def plan_for_inputs(q: torch.Tensor, k_cache, lengths) -> SplitPlan:
+    """:func:`plan_split` for ``q`` ``[batch, Hq, D]`` and ``k_cache`` ``[..., Hkv, D]`` on
+    their device; ``lengths``: anything with ``max_len`` and ``total_tokens`` (ints), e.g.
+    :class:`paged_ref.validation.Lengths`. Returns a SplitPlan."""
     return plan_split(
         batch=q.shape[0], num_kv_heads=k_cache.shape[2], max_len=lengths.max_len,
         total_tokens=lengths.total_tokens, num_sms=num_multiprocessors(q.device),
@@ -320,13 +329,21 @@ def paged_attention_split(
     scratch: SplitScratch | None = None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Split-KV decode. Inputs as in ``paged_attention`` (already checked).
+    """Split-KV decode: :func:`split_kv_kernel` over ``plan.num_chunks`` chunks per
+    sequence, then the merge (fused, or :func:`merge_kernel`).
 
-    ``plan`` fixes the chunking (else :func:`plan_split` is called, which reads the lengths
-    back from the device). ``scratch`` (from a plan; else allocated here) holds the partials.
-    Lengths are clamped to ``max_seq_len`` (default: what the table holds), which must not
-    exceed ``plan.num_chunks * plan.chunk_size``. Returns [batch, num_q_heads, head_dim] in
-    q's dtype.
+    Args:
+        q, k_cache, v_cache, block_tables, seq_lens, scale, config, out: as for
+            :func:`~paged_ref.kernels.triton.decode.paged_attention_triton`.
+        plan: the chunking; default :func:`plan_split` of the lengths (read back from the
+            device, or ``max_len`` given).
+        max_len: the longest length, for that default plan.
+        scratch: the partials' buffers (a plan's); default allocated here.
+        max_seq_len: lengths are clamped to it (default what the table holds); at most
+            ``plan.num_chunks * plan.chunk_size``.
+
+    Returns:
+        ``out``: ``[batch, Hq, D]`` in q's dtype.
     """
     config = config or default_config(q, k_cache)
     batch, num_q_heads, head_dim = q.shape
@@ -334,9 +351,11 @@ def paged_attention_split(
     out, done = prepare_out(out, q, k_cache)
     if done:
         return out
-    if plan is None:
+    if plan is None:  # (a direct call: the public ones come with a plan)
         max_len = int(seq_lens.max()) if max_len is None else max_len
-        plan = plan_for_inputs(q, k_cache, Lengths(max_len, int(seq_lens.sum())))
+        plan = plan_split(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+                          total_tokens=int(seq_lens.sum()),
+                          num_sms=num_multiprocessors(q.device))
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     if plan.num_chunks == 1:  # one chunk per sequence is the one-pass kernel, with no merge

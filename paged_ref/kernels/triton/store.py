@@ -29,7 +29,14 @@ def store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
 
 
 def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Launch :func:`store_kv_kernel`; inputs already checked (caches contiguous)."""
+    """Launch :func:`store_kv_kernel`: token ``i``'s K/V into slot ``slot_mapping[i]``.
+
+    Args:
+        k, v: ``[num_tokens, Hkv, D]``, the caches' dtype, any strides (a copy when head_dim's
+            stride is not 1).
+        k_cache, v_cache: contiguous ``[num_blocks, block_size, Hkv, D]``, written in place.
+        slot_mapping: int32 / int64 ``[num_tokens]``, distinct valid slots (already checked).
+    """
     if k.shape[0] == 0:
         return
     if k.stride(-1) != 1:

@@ -1,4 +1,4 @@
-"""Quantised KV caches: FP8 (e4m3) and INT4 codes plus the scales that give them meaning.
+"""What a quantised KV cache is: FP8 (e4m3) or INT4 codes plus the scales that decode them.
 
 Decode reads every cached byte once per step, so a cache with fewer bytes per value is a
 faster cache. Two formats, each described by a :class:`KVFormat`:
@@ -32,7 +32,7 @@ int4       uint8 ``[blocks, bs, Hkv, D // 2]``          float16 ``[blocks, bs, H
 =========  ==========================================  =====================================
 
     fmt = KVFormat.parse("int4")                 # or KVFormat.int4(); "int4_g128": one pair
-    kq = quantize(k_cache, fmt)                  # QuantizedKV
+    kq = quantize(k_cache, fmt)                  # QuantizedKV (paged_ref.quant.encode)
     k_back = dequantize(kq)                      # float32, same shape as k_cache
     paged_attention(q, kq, vq, block_tables, seq_lens)   # q: float16/bfloat16/float32
 """
@@ -43,12 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-#: Largest finite float8_e4m3fn value.
-FP8_MAX = 448.0
-#: Largest INT4 code (codes are unsigned, 0..15).
-INT4_MAX = 15
-#: Element type of FP8 codes.
-FP8_DTYPE = torch.float8_e4m3fn
+from paged_ref.quant.codes import FP8_DTYPE, dequantize_fp8, int4_decode
+
 #: Formats by name, for ``KVFormat.parse`` (``int4_g32`` etc. pick other group sizes).
 FORMAT_NAMES = ("fp8", "fp8_token_head", "int4", "int4_g<N>")
 #: dtypes that quantised caches are written from and attended with (q's dtype).
@@ -260,115 +256,19 @@ class QuantizedKV:
         return f"QuantizedKV({self.format.name}, shape={tuple(self.shape)}, device={self.device})"
 
 
-# ---- FP8 ------------------------------------------------------------------------------------
-
-
-def fp8_scale(x: torch.Tensor, per: str = "tensor") -> torch.Tensor:
-    """float32 scale ``amax / 448`` over the whole tensor (0-d) or over the last dim
-    (``per="token_head"``, shape ``x.shape[:-1]``); an all-zero slice gets scale 1."""
-    a = x.detach().float().abs()
-    amax = a.amax() if per == "tensor" else a.amax(dim=-1)
-    # (A tensor divisor: on a GPU, torch divides by a Python number as a multiply by its
-    # reciprocal, one ulp off IEEE division at times; this way every device, and the Triton
-    # write kernel, computes the same scale.)
-    return torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
-
-
-def fp8_encode(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Codes ``x / scale`` rounded to the nearest e4m3 value, saturating at +-448.
-
-    ``scale``: 0-d, or ``x.shape[:-1]`` (one per vector). Returns float8_e4m3fn, ``x.shape``.
-    (torch's cast turns values past 448 into NaN, hence the clamp.)
-    """
-    s = scale if scale.dim() == 0 else scale[..., None]
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-
-
-def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float32 ``scale * code`` (``scale`` 0-d or ``codes.shape[:-1]``)."""
-    s = scale if scale.dim() == 0 else scale[..., None]
-    return codes.float() * s
-
-
-# ---- INT4 -----------------------------------------------------------------------------------
-
-
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes 0..15 ``[..., D]`` -> bytes ``[..., D // 2]``: byte ``i`` holds channel ``i``
-    in its low nibble and channel ``i + D // 2`` in its high nibble (first half of the head low,
-    second half high, so a kernel unpacks each half with one AND or one shift)."""
-    half = codes.shape[-1] // 2
-    return (codes[..., :half] | (codes[..., half:] << 4)).to(torch.uint8)
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_int4`: bytes ``[..., D // 2]`` -> uint8 codes ``[..., D]``."""
-    return torch.cat([packed & 0xF, packed >> 4], dim=-1)
-
-
-def int4_scale_zero(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float16 ``(scale, zero)`` per group of ``group_size`` channels: ``zero = min``,
-    ``scale = (max - min) / 15`` (at least 2^-24, so a constant group decodes exactly)."""
-    g = x.detach().float().unflatten(-1, (-1, group_size))
-    low, high = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((high - low) / torch.full_like(high, INT4_MAX)).clamp(min=2.0**-24)  # (fp8_scale)
-    return scale.to(torch.float16), low.to(torch.float16)
-
-
-def int4_encode(
-    x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    """Packed codes ``round((x - zero) / scale)`` clamped to 0..15, ``[..., D // 2]`` uint8.
-
-    Uses the float16 ``scale`` / ``zero`` as stored, so decoding reproduces the nearest code.
-    """
-    g = x.float().unflatten(-1, (-1, group_size))
-    codes = torch.round((g - zero.float()[..., None]) / scale.float()[..., None])
-    return pack_int4(codes.clamp(0, INT4_MAX).to(torch.uint8).flatten(-2))
-
-
-def int4_decode(
-    packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    """float32 ``zero + scale * code`` per group, ``[..., D]``."""
-    codes = unpack_int4(packed).float().unflatten(-1, (-1, group_size))
-    return (zero.float()[..., None] + scale.float()[..., None] * codes).flatten(-2)
-
-
-# ---- any format -----------------------------------------------------------------------------
-
-
-def quantize(
-    x: torch.Tensor, kv_format: str | KVFormat, *, scale: torch.Tensor | float | None = None
-) -> QuantizedKV:
-    """Quantise values ``x`` ``[..., head_dim]`` (float16/bfloat16/float32).
-
-    ``scale``: fp8 per tensor only: the layer's scale (a float or 0-d tensor); default
-    ``amax(|x|) / 448``. Every other format computes its scales from ``x``.
-    """
-    fmt = KVFormat.parse(kv_format)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in COMPUTE_DTYPES:
-        raise TypeError(f"x must be one of {COMPUTE_DTYPES}, got {x.dtype}")
-    if x.dim() < 1:
-        raise ValueError("x must have at least one dimension (head_dim)")
-    fmt.check_head_dim(x.shape[-1])
-    if scale is not None and fmt.scale_per != "tensor":
-        raise ValueError(f"scale= is for fp8 per tensor only; {fmt.name} computes its own")
-    if fmt.kind == "int4":
-        g = fmt.group(x.shape[-1])
-        s, z = int4_scale_zero(x, g)
-        return QuantizedKV(int4_encode(x, s, z, g), s, z, fmt)
-    if scale is None:
-        s = fp8_scale(x, fmt.scale_per)
-    else:
-        s = check_tensor_scale(scale, x.device)
-    return QuantizedKV(fp8_encode(x, s), s, None, fmt)
-
-
 def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The values a :class:`QuantizedKV` stands for, in ``dtype``."""
+    """The values a quantised cache stands for.
+
+    Args:
+        qkv: a :class:`QuantizedKV` of values ``shape``.
+        dtype: the result's dtype.
+
+    Returns:
+        ``qkv.shape`` values in ``dtype`` (computed in float32).
+
+    Raises:
+        TypeError: ``qkv`` is not a QuantizedKV.
+    """
     if not isinstance(qkv, QuantizedKV):
         raise TypeError(f"qkv must be a QuantizedKV, got {type(qkv).__name__}")
     fmt = qkv.format
@@ -377,83 +277,4 @@ def dequantize(qkv: QuantizedKV, dtype: torch.dtype = torch.float32) -> torch.Te
     return int4_decode(qkv.data, qkv.scale, qkv.zero, fmt.group(qkv.shape[-1])).to(dtype)
 
 
-def write_slots(cache: QuantizedKV, values: torch.Tensor, slots: torch.Tensor) -> None:
-    """Quantise ``values`` ``[n, Hkv, D]`` and store them in rows ``slots`` (long ``[n]``, on
-    the cache's device) of ``cache`` ``[num_blocks, block_size, Hkv, D]``: codes and per-token
-    scales; an fp8 per-tensor scale is used as it is. Unchecked (the callers check), no value
-    is read back, so it runs inside a CUDA graph."""
-    fmt = cache.format
-    if fmt.kind == "int4":
-        g = fmt.group(values.shape[-1])
-        scale, zero = int4_scale_zero(values, g)
-        parts = ((cache.data, int4_encode(values, scale, zero, g)),
-                 (cache.scale, scale), (cache.zero, zero))
-    elif fmt.scale_per == "token_head":
-        scale = fp8_scale(values, "token_head")
-        parts = ((cache.data, fp8_encode(values, scale)), (cache.scale, scale))
-    else:
-        parts = ((cache.data, fp8_encode(values, cache.scale)),)
-    for target, new in parts:
-        if target.dtype == FP8_DTYPE:  # (index_copy_ has no float8 kernel on every device)
-            target, new = target.view(torch.uint8), new.view(torch.uint8)
-        target.flatten(0, 1).index_copy_(0, slots, new)
-
-
-def check_tensor_scale(scale, device, name: str = "scale") -> torch.Tensor:
-    """A per-tensor fp8 scale as a 0-d float32 tensor on ``device``; positive and finite."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
-        raise TypeError(f"{name} must be a float or a 0-d tensor, got {type(scale).__name__}")
-    s = torch.as_tensor(scale, dtype=torch.float32).to(device)
-    if s.numel() != 1:
-        raise ValueError(f"{name} must be one number, got shape {tuple(s.shape)}")
-    s = s.reshape(())
-    value = float(s)
-    if not (value > 0 and value != float("inf")):
-        raise ValueError(f"{name} must be positive and finite, got {value}")
-    return s
-
-
-def check_quantized_pair(q: torch.Tensor, k_cache, v_cache) -> KVFormat | None:
-    """Checks for ``paged_attention``'s caches: both plain tensors (returns None), or both
-    :class:`QuantizedKV` of one format (returns it), with q in a compute dtype.
-
-    A bare float8 / uint8 tensor is a cache without its scales: TypeError naming it.
-    """
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if isinstance(c, torch.Tensor) and c.dtype in (FP8_DTYPE, torch.uint8, torch.int8):
-            raise TypeError(
-                f"{name} is a bare {c.dtype} tensor: a quantised cache needs its scales; pass "
-                f"paged_ref.QuantizedKV(data, scale, zero, format) (see paged_ref.quant)"
-            )
-    quantized = [isinstance(c, QuantizedKV) for c in (k_cache, v_cache)]
-    if not any(quantized):
-        return None
-    if not all(quantized):
-        plain = "v_cache" if quantized[0] else "k_cache"
-        raise TypeError(f"{plain} must be a QuantizedKV too: k_cache and v_cache share a format")
-    if k_cache.format != v_cache.format:
-        raise TypeError(
-            f"v_cache format {v_cache.format.name} must equal k_cache format {k_cache.format.name}"
-        )
-    if isinstance(q, torch.Tensor) and q.dtype not in COMPUTE_DTYPES:
-        raise TypeError(f"q dtype must be one of {COMPUTE_DTYPES} with a quantised cache, "
-                        f"got {q.dtype}")
-    return k_cache.format
-
-
-def kernels_read(cache) -> bool:
-    """Whether the Triton kernels read this cache: any plain tensor or fp8 cache; an int4 cache
-    when head_dim is a power of two >= 32 (two halves of >= 16 channels, for the dots)."""
-    if not isinstance(cache, QuantizedKV) or cache.format.kind != "int4":
-        return True
-    head_dim = cache.shape[-1]
-    return head_dim >= 32 and not head_dim & (head_dim - 1)
-
-
-def check_kernel_format(k_cache) -> None:
-    """ValueError for a quantised cache the Triton kernels cannot read (the torch backend can)."""
-    if not kernels_read(k_cache):
-        raise ValueError(
-            f"k_cache: the Triton kernels read int4 caches with head_dim a power of two >= 32; "
-            f"got head_dim {k_cache.shape[-1]} (use backend='torch')"
-        )
+__all__ = ["COMPUTE_DTYPES", "FORMAT_NAMES", "KVFormat", "QuantizedKV", "dequantize"]
