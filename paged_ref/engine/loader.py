@@ -82,6 +82,20 @@ def _convert(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def converted_folder() -> Path:
+    """The folder holding SmolLM2's converted weights, config and tokenizer (converting the
+    GGUF file there first if needed: ~40 s on a CPU). ``ImportError`` without the model extra."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ImportError(MISSING) from err
+    gguf = gguf_path()
+    folder = cache_dir(gguf)
+    if not (folder / "config.json").is_file():
+        _convert(gguf, folder)
+    return folder
+
+
 def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """SmolLM2-135M-Instruct as a transformers ``LlamaForCausalLM`` and its tokenizer.
 
@@ -89,14 +103,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     embeddings. Returns ``(model, tokenizer)`` with the model in eval mode on ``device``.
     The first call converts the GGUF file (~40 s on a CPU) and caches the result.
     """
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as err:
-        raise ImportError(MISSING) from err
-    gguf = gguf_path()
-    folder = cache_dir(gguf)
-    if not (folder / "config.json").is_file():
-        _convert(gguf, folder)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = converted_folder()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return model, tokenizer
+    return model, AutoTokenizer.from_pretrained(folder)

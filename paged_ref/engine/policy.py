@@ -4,6 +4,8 @@
   first come first served from the head of the queue, start this step.
 * :func:`choose_victim` -- preemption: when a running request needs a block and none is free,
   which running request gives its blocks up.
+* :func:`reserved_tokens` -- the paper's baselines: how many tokens' blocks a request holds
+  from admission to finish when the engine reserves instead of paging.
 
 :class:`paged_ref.engine.scheduler.Scheduler` calls these (or the learner's versions, passed in
 as ``admit=`` / ``choose_victim=``). ``solutions/ex09_scheduler.py`` holds the same functions.
@@ -59,3 +61,30 @@ def choose_victim(candidates: Sequence) -> int:
     if not candidates:
         raise ValueError("choose_victim needs at least one candidate")
     return max(range(len(candidates)), key=lambda i: candidates[i].req_id)
+
+
+#: ``Engine(reservation=...)``: paging, or the PagedAttention paper's Orca baselines (§6.2).
+RESERVATIONS = ("paged", "reserve_max", "reserve_pow2", "reserve_oracle")
+
+
+def reserved_tokens(policy: str, prompt_len: int, output_len: int, max_model_len: int) -> int:
+    """Tokens whose blocks a request reserves at admission (0: none, blocks on demand).
+
+    Args:
+        policy: one of :data:`RESERVATIONS`.
+        prompt_len: its prompt's tokens.
+        output_len: its true output length (``max_tokens``; the load generator sets it and
+            ``ignore_eos``, so the request produces exactly that many).
+        max_model_len: the engine's longest request.
+
+    Returns:
+        ``"paged"``: 0. ``"reserve_max"``: ``max_model_len`` (Orca Max). ``"reserve_pow2"``:
+        prompt + the next power of two >= the output length (Orca Pow2). ``"reserve_oracle"``:
+        prompt + output (Orca Oracle). Never more than ``max_model_len``.
+    """
+    if policy == "paged":
+        return 0
+    if policy == "reserve_max":
+        return max_model_len
+    out = 1 << (output_len - 1).bit_length() if policy == "reserve_pow2" else output_len
+    return min(prompt_len + out, max_model_len)

@@ -2,33 +2,23 @@
 
 It uses the model's weights -- embeddings, RMS norms, the q/k/v/o projections, rotary
 embeddings, MLPs, the final norm and the LM head -- and replaces attention and the cache. A
-layer is about ten kernels (the ops of :mod:`paged_ref.engine.fused`; ``h`` is the residual
-stream, ``x`` its normalised copy that the next sub-block reads):
+layer is about ten kernels (:mod:`paged_ref.engine.fused`; ``h`` is the residual stream, ``x``
+its normalised copy that the next sub-block reads)::
 
-    h, x = h, input_layernorm(h)                         # (first layer only; later: below)
-    for each layer:
-        qkv   = x @ W_qkv                                # 1 GEMM (q, k, v projections fused)
-        q     = rotary(q); write rotary(k), v into the   # 1 kernel
-                paged cache at slot_mapping              #   one slot per token of this step
-        a     = paged_prefill(q, cache, ...)             # prompt chunks (causal, offset by the
-                                                         # cached prefix); decode steps use
-                paged_attention(q, cache, ..., plan)     # 1-2 kernels (split-KV: split + merge)
-        h, x  = h + o_proj(a), post_attention_layernorm  # 1 GEMM + 1 kernel (add + norm)
-        m     = silu(x @ W_gate) * (x @ W_up)            # 1 GEMM (gate, up fused) + 1 kernel
-        h, x  = h + down_proj(m), next layer's           # 1 GEMM + 1 kernel (add + norm)
-                input_layernorm (the final norm last)
-
-Transformers' own modules launch 41 kernels a layer in bf16 (each RMS norm 8 elementwise ops,
-rotary 5 per tensor, three q/k/v GEMMs, ...); in a decode step each costs a few microseconds even
-in a CUDA graph, far more than its bytes. On a GPU the fused ops are Triton kernels
-(:mod:`paged_ref.kernels.triton.fused`); on a CPU they are the same torch ops transformers runs.
+    qkv   = x @ W_qkv                              # q, k, v projections in one GEMM
+    q     = rope_write_kv(qkv, ...)                # rotate q, k; store k, v at slot_mapping
+    a     = paged_prefill(q, cache, ...)           # prompts and chunks (causal), or
+            paged_attention(q, cache, ..., plan)   # decode steps (split-KV: split + merge)
+    h, x  = h + o_proj(a), post_attention_layernorm
+    m     = silu(x @ W_gate) * (x @ W_up)          # gate, up in one GEMM + 1 kernel
+    h, x  = h + down_proj(m), next layer's input_layernorm (the final norm last)
 
 All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
-``query_start_loc[b]:query_start_loc[b+1]``. There is no Hugging Face cache object.
-
-On a GPU, steps where every request decodes one token run as CUDA graphs captured once per
-batch-size bucket (1, 2, 4, 8, 16, 32, 48, ... up to ``max_num_seqs``): a smaller batch is padded
-to its bucket with rows of length 0 that write their K/V to a spare block no request owns.
+``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
+token replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...): a
+smaller batch is padded to its bucket with rows of length 0 that write their K/V to a spare
+block no request owns. Greedy rows take the argmax; sampling rows go to
+:func:`~paged_ref.engine.sampler.sample` (outside the graph, from the graph's hidden states).
 """
 
 from __future__ import annotations
@@ -40,9 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import fused, ops
+from paged_ref.engine import fused
+from paged_ref.engine.sampler import SamplingBatch, sample
 from paged_ref.memory.storage import PagedKVCache
+from paged_ref.plan import plan_decode
+from paged_ref.prefill import paged_prefill
 
 
 @dataclass
@@ -78,22 +72,19 @@ class ModelRunner:
     """Runs ``model`` (a transformers ``LlamaForCausalLM``-like model) one step at a time.
 
     Args:
-        model: its modules are used in place and never changed, so one model can back several
-            runners. The runner keeps one copy of some weights: each layer's q/k/v projections
-            stacked into one matrix, and gate/up into another (:func:`fused.fuse_linears`), so
-            each is one GEMM. That costs the memory of those weights again: about half of a
-            Llama model's parameters (Llama-3.2-1B-like shape: 0.64 of 1.24 G parameters,
-            1.3 GB in bf16; SmolLM2-135M: 70 of 135 M, 0.28 GB in float32). They are made
-            here, once: change the model's weights afterwards and build a new runner.
+        model: its modules are used in place and never changed (one model can back several
+            runners). The runner keeps a copy of each layer's q/k/v weights stacked into one
+            matrix and of gate/up into another (:func:`fused.fuse_linears`): about half the
+            model's parameters again (Llama-3.2-1B-like shape: 1.3 GB in bf16). Made here,
+            once: change the model's weights afterwards and build a new runner.
         num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
             block more, the padding rows' scratch block.
         num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
-        attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
+        attention_backend: ``backend=`` of ``paged_prefill`` / ``plan_decode``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
         kv_format: a quantised cache format (``paged_ref.QuantizedKV``), or None for plain.
-        fused_backend: the fused layer ops' backend, ``"auto"`` (Triton on a GPU), ``"torch"``
-            or ``"triton"`` (on a CPU: Triton's interpreter, slow; for tests).
+        fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"`` or ``"triton"``.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
@@ -107,9 +98,7 @@ class ModelRunner:
         self.model = model
         self.layers = list(model.model.layers)
         self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_q_heads
-        self.vocab_size = cfg.vocab_size
         self.scale = self.layers[0].self_attn.scaling
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -124,9 +113,13 @@ class ModelRunner:
         self.block_size = block_size
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
-                                  self.num_kv_heads, self.head_dim, dtype=self.dtype,
+                                  cfg.num_key_value_heads, self.head_dim, dtype=self.dtype,
                                   device=self.device, num_host_blocks=num_host_blocks,
                                   kv_format=kv_format)
+        self.plan_args = dict(num_q_heads=self.num_q_heads, num_kv_heads=cfg.num_key_value_heads,
+                              head_dim=self.head_dim, block_size=block_size, dtype=self.dtype,
+                              device=self.device, scale=self.scale, backend=attention_backend,
+                              kv_format=getattr(self.cache.k_caches[0], "format", None))
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -140,8 +133,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, slot_mapping, attend) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` after the final norm. ``attend(layer, q)`` runs
-        attention over the cache (after this step's K/V are written) and returns ``[T, Hq, D]``.
+        """Hidden states after the final norm, ``[T, hidden]`` in the model's dtype.
+
+        Args:
+            input_ids, positions, slot_mapping: int64 ``[T]`` on the model's device.
+            attend: ``attend(layer, q)`` runs attention over the cache (after this step's K/V
+                are written) for ``q`` ``[T, Hq, D]`` and returns ``[T, Hq, D]``.
         """
         inner, backend = self.model.model, self.fused_backend
         h = inner.embed_tokens(input_ids)
@@ -166,60 +163,60 @@ class ModelRunner:
         return fused.add_rms_norm(h, delta, norm.weight, norm.variance_epsilon,
                                   backend=self.fused_backend)
 
-    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The most likely next token of each row of ``hidden`` (int64 ``[rows]``). The argmax
-        reads the logits in their own dtype: widening them to float32 first would change no
-        answer (every bf16/fp16 value is exact in float32) but write and read 256 x 128k x 4
-        bytes more per step at the 1B-like shape's batch of 256 (0.13 GB)."""
-        return self.model.lm_head(hidden).argmax(dim=-1)
-
     # ---- one step ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def _on_device(self):
         """``torch.cuda.device(model's GPU)``: graphs capture and replay on their own GPU, not on
         whichever is current (a no-op context on the CPU)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
-    def execute(self, step: StepInputs) -> list[int]:
-        """Run one step; return the greedy next token of each of ``step.sample_rows``."""
-        if not step.sample_rows and not step.input_ids:
+    @torch.inference_mode()
+    def execute(self, step: StepInputs, sampling: SamplingBatch | None = None) -> list[int]:
+        """Run one step; return the next token of each of ``step.sample_rows``.
+
+        Args:
+            step: the batch (host lists).
+            sampling: which of the sampled rows sample, and how; the others (all, when None)
+                take the greedy argmax. The argmax reads the logits in their own dtype: as
+                exact as float32 for bf16 / fp16, without writing 256 x 128k x 4 bytes more.
+
+        Returns:
+            ``len(step.sample_rows)`` token ids (one read-back per step).
+        """
+        if not step.input_ids:
             return []
         batch = len(step.seq_lens)
         if step.is_decode and self.graphs and batch <= max(self.graphs):
             with self._on_device():  # replay on the GPU the graphs belong to
-                tokens = self._replay(step)
-            return tokens[: batch][step.sample_rows].tolist() if step.sample_rows else []
-        dev = self.device
-
-        def as_tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=dev)
-
-        input_ids = as_tensor(step.input_ids, torch.long)
-        positions = as_tensor(step.positions, torch.long)
-        slots = as_tensor(step.slot_mapping, torch.long)
-        seq_lens = as_tensor(step.seq_lens, torch.int32)
-        tables = self._tables(step.block_tables)
-        qsl = as_tensor(step.query_start_loc, torch.int32)
-        caches = self.cache
-        if step.is_decode:
-            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0], dtype=self.dtype,
-                                   num_q_heads=self.num_q_heads, scale=self.scale,
-                                   backend=self.backend)
-
-            def attend(i, q):
-                return ops.decode_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
-                                            seq_lens, plan=plan)
+                tokens, hidden = (t[:batch][step.sample_rows] for t in self._replay(step))
         else:
-            def attend(i, q):
-                return ops.prefill_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
-                                             seq_lens, qsl, scale=self.scale,
-                                             backend=self.backend)
+            hidden = self.forward(*self._tensors(step), self._attend(step))
+            last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
+                                dtype=torch.long, device=self.device)
+            hidden = hidden[last]
+            tokens = self.model.lm_head(hidden).argmax(dim=-1)
+        if sampling is not None:
+            rows = torch.tensor(sampling.rows, device=self.device)
+            tokens[rows] = sample(self.model.lm_head(hidden[rows]), sampling)
+        return tokens.tolist()
 
-        hidden = self.forward(input_ids, positions, slots, attend)
-        last_rows = as_tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
-                              torch.long)
-        return self.greedy(hidden[last_rows]).tolist()
+    def _tensors(self, step: StepInputs) -> list[torch.Tensor]:
+        """input_ids, positions, slot_mapping as int64 tensors on the model's device."""
+        host = torch.tensor([step.input_ids, step.positions, step.slot_mapping])
+        return list(host.to(self.device, non_blocking=True))
+
+    def _attend(self, step: StepInputs):
+        """``attend(layer, q)`` for :meth:`forward`: decode (planned) or prefill attention."""
+        dev, c = self.device, self.cache
+        tables = self._tables(step.block_tables)
+        seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32, device=dev)
+        if step.is_decode:
+            plan = plan_decode(step.seq_lens, **self.plan_args)
+            return lambda i, q: paged_attention(q, c.k_caches[i], c.v_caches[i], tables,
+                                                seq_lens, plan=plan)
+        qsl = torch.tensor(step.query_start_loc, dtype=torch.int32, device=dev)
+        return lambda i, q: paged_prefill(q, c.k_caches[i], c.v_caches[i], tables, seq_lens,
+                                          qsl, scale=self.scale, backend=self.backend)
 
     def _tables(self, block_tables: list[list[int]]) -> torch.Tensor:
         """Block tables as int32 ``[B, longest]`` (short rows padded with 0: never read)."""
@@ -238,21 +235,21 @@ class ModelRunner:
         self.g_seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(n, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.g_tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        self.g_hidden = torch.zeros(n, self.model.config.hidden_size, dtype=self.dtype,
+                                    device=dev)  # (what sampling rows read after a replay)
         max_len = self.max_blocks_per_seq * self.block_size
-        pool = None
+        pool, c = None, self.cache
         for b in sorted(buckets, reverse=True):
-            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], dtype=self.dtype,
-                                   num_q_heads=self.num_q_heads,
-                                   scale=self.scale, backend=self.backend, max_seq_len=max_len)
+            plan = plan_decode([0] * b, max_seq_len=max_len, **self.plan_args)
 
             def step(b=b, plan=plan):
                 def attend(i, q):
-                    return ops.decode_attention(
-                        q, self.cache.k_caches[i], self.cache.v_caches[i], self.g_tables[:b],
-                        self.g_seq_lens[:b], plan=plan)
+                    return paged_attention(q, c.k_caches[i], c.v_caches[i], self.g_tables[:b],
+                                           self.g_seq_lens[:b], plan=plan)
                 hidden = self.forward(self.g_input_ids[:b], self.g_positions[:b],
                                       self.g_slots[:b], attend)
-                self.g_tokens[:b] = self.greedy(hidden)
+                self.g_hidden[:b] = hidden
+                self.g_tokens[:b] = self.model.lm_head(hidden).argmax(dim=-1)
 
             graph = self._capture_one(step, pool)
             pool = graph.pool() if pool is None else pool
@@ -270,8 +267,9 @@ class ModelRunner:
         torch.cuda.synchronize()
         return graph
 
-    def _replay(self, step: StepInputs) -> torch.Tensor:
-        """Copy the step into the static buffers, replay the bucket's graph; tokens ``[bucket]``."""
+    def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the step into the static buffers, replay the bucket's graph; returns the
+        greedy tokens ``[bucket]`` and hidden states ``[bucket, hidden]`` (static buffers)."""
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
@@ -287,4 +285,4 @@ class ModelRunner:
         self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
         self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
         self.graphs[bucket].replay()
-        return self.g_tokens[:bucket]
+        return self.g_tokens[:bucket], self.g_hidden[:bucket]

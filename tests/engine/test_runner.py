@@ -65,7 +65,8 @@ def test_graph_path_bookkeeping(tiny, case, monkeypatch, max_num_seqs):
     monkeypatch.setattr(ModelRunner, "_capture_one", staticmethod(lambda step, pool:
                                                                   FakeGraph(step)))
     engine = Engine(tiny, num_blocks=48, block_size=4, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=40, cuda_graphs=True)
+                    max_num_batched_tokens=40)  # (cuda_graphs=True needs a GPU: captured here)
+    engine.runner._capture(graph_buckets(max_num_seqs))
     assert sorted(engine.runner.graphs) == graph_buckets(max_num_seqs)
     replays = []
     real = engine.runner._replay

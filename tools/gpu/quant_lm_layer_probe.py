@@ -16,7 +16,7 @@ import torch
 
 from paged_course import quant_lm
 from paged_course.results import environment
-from paged_ref.engine import load_smollm2, ops
+from paged_ref.engine import load_smollm2
 from paged_ref.quant import QuantizedKV, dequantize
 
 LAYERS = (0, 10, 20, 29)
@@ -31,7 +31,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok = load_smollm2(dtype=torch.bfloat16, device=device)
     ids = tok(quant_lm.PASSAGE.read_text()).input_ids[: args.tokens]
-    attention = ops.prefill_attention
+    attention = quant_lm.paged_prefill
     rows = []
     for name in args.formats.split(","):
         fmt = None if name == "base" else name
@@ -58,11 +58,11 @@ def main() -> None:
             print(row, flush=True)
             return ours
 
-        ops.prefill_attention = compare
+        quant_lm.paged_prefill = compare
         try:
             quant_lm.score_tokens(model, ids, kv_format=fmt, chunk=args.tokens, backend="torch")
         finally:
-            ops.prefill_attention = attention
+            quant_lm.paged_prefill = attention
     with open(args.out, "w") as f:
         json.dump({**environment(), "what": __doc__.split("\n\n")[0], "tokens": len(ids),
                    "results": rows}, f, indent=1)
