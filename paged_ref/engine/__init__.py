@@ -1,17 +1,12 @@
-"""``paged_ref.engine``: a small serving engine on a real LLM (lesson 09).
+"""``paged_ref.engine``: a small serving engine on a real LLM (lesson 09, ``docs/engine.md``).
 
-    from paged_ref.engine import Engine, SamplingParams, load_smollm2
     model, tokenizer = load_smollm2()                 # SmolLM2-135M-Instruct, float32, CPU
-    engine = Engine(model, num_blocks=256, block_size=16, enable_prefix_caching=True)
-    engine.generate([tokenizer.encode("Hi")], max_new_tokens=16)   # -> [[token ids]]
+    engine = Engine(model, num_blocks=256, block_size=16)
+    engine.generate([tokenizer.encode("Hi")], max_new_tokens=16)        # -> [[token ids]]
     rid = engine.add_request(tokenizer.encode("Hi"), SamplingParams(max_tokens=16))
     while engine.has_unfinished_requests():
         outputs = engine.step()                       # -> [RequestOutput]
 
-Modules, one job each: ``request`` (a request's state, timing and outputs), ``sampling_params``,
-``policy`` (admission, preemption, reservation), ``scheduler`` (continuous batching, chunked
-prefill, preemption), ``runner`` (the model over the paged cache, CUDA graphs), ``fused`` (the
-layer's fused ops), ``sampler``, ``engine`` (``Engine``), ``loader`` (``load_smollm2``).
 ``python -m paged_ref.engine --prompt "..."`` chats with SmolLM2 through the engine.
 transformers is imported only when an engine is built or a model loaded.
 """
@@ -21,19 +16,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paged_ref.engine.loader import load_smollm2
-from paged_ref.engine.request import RequestMetrics, RequestOutput
+from paged_ref.engine.request import RequestMetrics, RequestOutput, RunStats, StepEvent
 from paged_ref.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from paged_ref.engine.engine import Engine, RunStats, StepEvent
+    from paged_ref.engine.engine import Engine
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "RunStats", "SamplingParams", "StepEvent",
            "load_smollm2"]
 
 
 def __getattr__(name: str):
-    if name in ("Engine", "RunStats", "StepEvent"):
-        from paged_ref.engine import engine
+    if name == "Engine":
+        from paged_ref.engine.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
     raise AttributeError(f"module 'paged_ref.engine' has no attribute {name!r}")

@@ -1,26 +1,15 @@
-"""``Engine``: continuous batching over the paged KV cache, online and offline.
-
-    engine = Engine(model, num_blocks=256, block_size=16)
-    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=32, temperature=0.8))
-    while engine.has_unfinished_requests():
-        for out in engine.step(): ...     # RequestOutput: new tokens, finished, metrics
-    engine.generate([ids, ...], max_new_tokens=32)   # greedy, outputs in prompt order
-
-The online calls are vLLM's ``LLMEngine``'s (and nano-vllm's); :meth:`Engine.generate` is a loop
-over them. A step: the scheduler picks chunks (:mod:`~paged_ref.engine.scheduler`), the engine
-lays them out as one flat batch, the runner computes them and picks the tokens
-(:mod:`~paged_ref.engine.runner`), the tokens go back to the scheduler. If anything raises
-inside a step, the requests it scheduled are aborted -- blocks freed, prefix-cache hashes of
-blocks whose K/V were never written dropped -- and the exception propagates; in ``generate``
-all of that call's requests are aborted, so the engine is then as a fresh one.
+"""``Engine``: continuous batching over the paged KV cache, online (vLLM's ``LLMEngine``
+calls: ``add_request``, ``step``, ``abort``, ``has_unfinished_requests``) and offline
+(``generate``, a loop over them). A step: the scheduler picks chunks, the engine lays them out
+as one flat batch, the runner computes them and picks the tokens, the scheduler records them.
+If anything raises inside a step, the requests it scheduled are aborted (blocks freed, hashes of
+blocks never written dropped) and the exception propagates; ``generate`` aborts all of its own.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from numbers import Real
 
 import torch
 from tqdm.auto import tqdm
@@ -28,11 +17,19 @@ from tqdm.auto import tqdm
 from paged_ref import _device
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine.policy import reserved_tokens
-from paged_ref.engine.request import Request, RequestMetrics, RequestOutput, Status, as_token_ids
+from paged_ref.engine.request import (
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    RunStats,
+    Status,
+    StepEvent,
+    as_token_ids,
+)
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.sampler import SamplingBatch
 from paged_ref.engine.sampling_params import SamplingParams
-from paged_ref.engine.scheduler import Scheduler, SchedulerOutput
+from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
 
 #: Show a progress bar when a call generates at least this many tokens (``progress=None``).
@@ -41,86 +38,30 @@ PROGRESS_MIN_TOKENS = 4096
 BACKENDS = ("auto", "torch", "triton")
 
 
-@dataclass(frozen=True)
-class StepEvent:
-    """What one step of ``generate`` did; requests named by their index in its ``prompts``.
-
-    ran: ``(request, first token, tokens computed)`` per chunk; admitted / preempted /
-    finished: request indices; new_tokens: request -> token sampled this step;
-    block_tables / seq_lens: every running request's blocks and length after the step;
-    num_free_blocks: free (or evictable) blocks after the step.
-    """
-
-    step: int
-    ran: list[tuple[int, int, int]]
-    admitted: list[int]
-    preempted: list[int]
-    finished: list[int]
-    new_tokens: dict[int, int]
-    block_tables: dict[int, list[int]]
-    seq_lens: dict[int, int]
-    num_free_blocks: int
-    num_blocks: int
-    block_size: int
-    cached_tokens: int
-    seconds: float
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens computed this step (the batch size in tokens)."""
-        return sum(n for _, _, n in self.ran)
-
-    @property
-    def is_decode(self) -> bool:
-        return all(n == 1 for _, _, n in self.ran)
-
-
-@dataclass
-class RunStats:
-    """Totals of the last ``generate`` call (times in seconds)."""
-
-    steps: int = 0
-    prompt_tokens: int = 0
-    computed_tokens: int = 0  #: prompt + recomputed + decode tokens run through the model
-    cached_tokens: int = 0  #: prompt tokens served by the prefix cache instead
-    output_tokens: int = 0
-    preemptions: int = 0
-    max_running: int = 0  #: most requests holding blocks at once
-    seconds: float = 0.0
-    ttft_s: list[float] = field(default_factory=list)  #: time to first token per request
-    metrics: list[RequestMetrics | None] = field(default_factory=list)  #: per request
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds if self.seconds else 0.0
-
-
 class Engine:
     """Generation for many requests at once over a paged KV cache.
 
     Args:
-        model: a transformers Llama-family causal LM (``LlamaForCausalLM``); its modules are
-            used as they are, so one model may back several engines.
-        num_blocks: blocks in the KV pool (each ``block_size`` tokens of every layer's K and V).
-        block_size: tokens per block.
+        model: a transformers Llama-family causal LM; its modules are used as they are (one
+            model may back several engines).
+        num_blocks, block_size: the KV pool: blocks of ``block_size`` tokens (every layer's K, V).
         enable_prefix_caching: requests whose prompts start alike share those blocks.
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: most tokens computed in one step (prefill chunks + decodes).
         preemption_mode: ``"recompute"`` (free the victim's blocks) or ``"swap"``.
-        attention_backend, fused_backend: ``"auto"``, ``"torch"`` or ``"triton"`` (the
-            attention kernels; the runner's fused layer ops). ``"auto"``: Triton on a GPU.
+        attention_backend, fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"``, ``"triton"``
+            (the attention kernels; the runner's fused layer ops).
         cuda_graphs: capture decode steps in CUDA graphs (default: on a GPU; True needs one).
-        max_model_len: longest request (prompt + output), >= 1; default the model's context
-            or the pool, whichever is smaller.
-        eos_token_id: stop token(s), an int or ints; default the model's ``generation_config``.
+        max_model_len: longest request (prompt + output), >= 1; default the model's context or
+            the pool, whichever is smaller.
+        eos_token_id: stop token(s), ints; default the model's ``generation_config``'s.
         kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
-        reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves blocks
-            up front: ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"``
-            (:func:`~paged_ref.engine.policy.reserved_tokens`).
+        reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves up front:
+            ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"`` (``policy.py``).
 
     Raises:
-        TypeError / ValueError: before any work, for any argument of the wrong type or value,
-            or a backend or ``cuda_graphs`` that cannot run on the model's device here.
+        TypeError / ValueError: before any work, for an argument of the wrong type or value, or
+            a backend or ``cuda_graphs`` that cannot run on the model's device here.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16,
@@ -136,24 +77,19 @@ class Engine:
                             f".model.layers and .lm_head), got {type(model).__name__}")
         self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
         self.block_size = check_int("block_size", block_size, minimum=1)
-        device = next(model.parameters()).device
-        for name, value in (("attention_backend", attention_backend),
-                            ("fused_backend", fused_backend)):
-            if value not in BACKENDS:
-                raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
-            if value == "triton" and not triton_runs_on(device):
-                raise ValueError(f"{name}='triton' cannot run on the model's device ({device}) "
-                                 f"here: {_device.describe()}")
-        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs must be a bool or None, got {cuda_graphs!r}")
-        if cuda_graphs and device.type != "cuda":
-            raise ValueError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {device}")
-        self.model = model
-        self.vocab_size = model.config.vocab_size
+        check_backends(next(model.parameters()).device, attention_backend, fused_backend,
+                       cuda_graphs)
+        self.model, self.vocab_size = model, model.config.vocab_size
         context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.max_model_len = (min(context, num_blocks * block_size) if max_model_len is None
                               else check_int("max_model_len", max_model_len, minimum=1))
-        self.eos_ids = self._eos_ids(model, eos_token_id)
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id",
+                                   None)
+        if eos_token_id is None:
+            eos_token_id = getattr(model.config, "eos_token_id", None)
+        self.eos_ids = frozenset(() if eos_token_id is None else
+                                 as_token_ids("eos_token_id", eos_token_id, scalar=True))
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
@@ -164,7 +100,7 @@ class Engine:
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                                   kv_format=kv_format, fused_backend=fused_backend)
-        self.requests: dict[int, Request] = {}  #: unfinished requests by id
+        self.requests: dict[int, Request] = {}  #: the unfinished requests by id
         self.stats = RunStats()
         self._next_id = 0
         self._last: tuple = ()  # the last step's (SchedulerOutput, finished, tokens, seconds)
@@ -178,31 +114,25 @@ class Engine:
         Args:
             prompt_ids: its token ids: a list of ints, or a 1-D integer tensor / NumPy array.
             params: how it samples and stops (default ``SamplingParams()``: greedy, 16 tokens).
-            arrival_time: when it arrived (``time.perf_counter()`` seconds; default now): the
-                start of its latencies.
+            arrival_time: when it arrived (``time.perf_counter()`` s; default now).
 
         Returns:
-            Its request id (ints in arrival order).
-
-        Raises:
-            TypeError / ValueError: as :meth:`generate`'s checks; nothing is queued then.
+            Its request id (ints in arrival order). TypeError / ValueError: as ``generate``'s.
         """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self._check_prompt("prompt_ids", prompt_ids, params.max_tokens)
-        if arrival_time is not None and (isinstance(arrival_time, bool)
-                                         or not isinstance(arrival_time, Real)):
+        if arrival_time is not None and not isinstance(arrival_time, (int, float)):
             raise TypeError(f"arrival_time must be a float, got {arrival_time!r}")
         return self._add(ids, params, time.perf_counter() if arrival_time is None
                          else float(arrival_time))
 
     def step(self) -> list[RequestOutput]:
-        """Run one step of every unfinished request's work.
+        """Run one step of the unfinished requests' work.
 
         Returns:
-            One :class:`RequestOutput` per request that got a token this step (extended or
-            finished), in the step's order; ``[]`` when nothing was to run.
+            A :class:`RequestOutput` per request that got a token (extended or finished).
 
         Raises:
             Whatever the step raised (the model, a kernel, a policy function, ``Ctrl-C``),
@@ -242,12 +172,8 @@ class Engine:
         return outputs
 
     def abort(self, request_id: int) -> None:
-        """Stop request ``request_id`` and free all it holds (waiting, mid-prefill or decoding).
-        A request that already finished holds nothing: nothing to do.
-
-        Raises:
-            ValueError: an id this engine never gave.
-        """
+        """Stop request ``request_id`` and free all it holds (waiting, mid-prefill or decoding);
+        one that already finished holds nothing. ``ValueError``: an id this engine never gave."""
         req = self.requests.get(request_id) if isinstance(request_id, int) else None
         if req is None:
             if isinstance(request_id, int) and 0 <= request_id < self._next_id:
@@ -272,7 +198,7 @@ class Engine:
         Each request stops after ``max_new_tokens`` tokens (an int, or one per prompt), or
         right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to
         transformers' ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each
-        prompt alone (float32). ``on_step`` gets a :class:`StepEvent` after each step;
+        prompt alone (float32). ``on_step`` gets a :class:`StepEvent` after each step, and
         ``engine.stats`` the call's :class:`RunStats`.
 
         Raises:
@@ -281,7 +207,7 @@ class Engine:
                 the pool (``ceil((len(prompt) + max_new_tokens - 1) / block_size) >
                 num_blocks``, or its reservation) or is longer than ``max_model_len``.
             TypeError: prompts that are not lists of int token ids.
-            RuntimeError: requests added with :meth:`add_request` are still unfinished.
+            RuntimeError: requests added with :meth:`add_request` are unfinished.
             Whatever a step or ``on_step`` raised, after aborting every request of the call.
         """
         if self.has_unfinished_requests():
@@ -289,9 +215,8 @@ class Engine:
                                f"{len(self.requests)} requests added with add_request first")
         checked = self._check_prompts(prompts, max_new_tokens)
         start = time.perf_counter()
-        ids = [self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos), start)
-               if n else None for p, n in checked]
-        reqs = {i: self.requests[rid] for i, rid in enumerate(ids) if rid is not None}
+        reqs = {i: self.requests[self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos),
+                                           start)] for i, (p, n) in enumerate(checked) if n}
         index = {r.req_id: i for i, r in reqs.items()}
         self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
         total = sum(n for _, n in checked)
@@ -302,7 +227,7 @@ class Engine:
                 self.step()
                 out, finished, new_tokens, seconds = self._last
                 if on_step is not None:
-                    on_step(self._event(stats.steps, index, seconds))
+                    on_step(self._event(stats.steps, index))
                 stats.steps += 1
                 stats.computed_tokens += out.num_tokens
                 stats.cached_tokens += out.cached_tokens
@@ -318,9 +243,9 @@ class Engine:
             bar.close()
         stats.seconds = time.perf_counter() - start
         stats.output_tokens = sum(len(r.output) for r in reqs.values())
-        stats.metrics = [reqs[i].metrics if i in reqs else None for i in range(len(ids))]
+        stats.metrics = [reqs[i].metrics if i in reqs else None for i in range(len(checked))]
         stats.ttft_s = [(m.ttft or 0.0) if m else 0.0 for m in stats.metrics]
-        return [list(reqs[i].output) if i in reqs else [] for i in range(len(ids))]
+        return [list(reqs[i].output) if i in reqs else [] for i in range(len(checked))]
 
     # ---- one step's pieces ------------------------------------------------------------------
 
@@ -330,9 +255,8 @@ class Engine:
                                                     else self.eos_ids)
         gen = None if params.seed is None else torch.Generator(
             self.runner.device).manual_seed(params.seed)
-        req = Request(rid, ids, params.max_tokens, params, stops,
-                      metrics=RequestMetrics(arrival), generator=gen)
-        self.requests[rid] = req
+        self.requests[rid] = req = Request(rid, ids, params.max_tokens, params, stops,
+                                           metrics=RequestMetrics(arrival), generator=gen)
         self.scheduler.add(req)
         return rid
 
@@ -350,8 +274,8 @@ class Engine:
         return SamplingBatch(rows, [p.temperature for p in ps], [p.top_p for p in ps],
                              [p.top_k for p in ps], [reqs[i].generator for i in rows])
 
-    def _layout(self, out: SchedulerOutput) -> StepInputs:
-        """The scheduled chunks as one flat batch (host lists) for the runner."""
+    def _layout(self, out) -> StepInputs:
+        """The scheduled chunks (a ``SchedulerOutput``) as one flat batch for the runner."""
         m = self.scheduler.manager
         step = StepInputs([], [], [], [0], [], [], [])
         for b, chunk in enumerate(out.chunks):
@@ -369,9 +293,9 @@ class Engine:
                 step.sample_rows.append(b)
         return step
 
-    def _event(self, step: int, index: dict[int, int], seconds: float) -> StepEvent:
+    def _event(self, step: int, index: dict[int, int]) -> StepEvent:
         """The last step as a :class:`StepEvent`, requests named by ``index[req_id]``."""
-        out, finished, new_tokens, _ = self._last
+        out, finished, new_tokens, seconds = self._last
         m, running = self.scheduler.manager, self.scheduler.running
         return StepEvent(
             step=step, ran=[(index[c.request.req_id], c.start, c.num_tokens) for c in out.chunks],
@@ -405,48 +329,44 @@ class Engine:
 
     def _check_prompt(self, name: str, prompt, max_tokens: int) -> list[int]:
         ids = as_token_ids(name, prompt, minimum=None)
-        if not ids:
-            raise ValueError(f"{name} is empty: a prompt needs at least one token")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary "
-                             f"[0, {self.vocab_size})")
+        if not ids or bad:
+            raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary [0, "
+                             f"{self.vocab_size})" if ids else
+                             f"{name} is empty: a prompt needs at least one token")
         longest = len(ids) + max(max_tokens, 1) - 1
-        held = max(longest, reserved_tokens(self.scheduler.reservation, len(ids), max_tokens,
-                                            self.max_model_len))
-        if blocks_needed(held, self.block_size) > self.num_blocks:
-            raise ValueError(
-                f"{name} can never fit: {len(ids)} prompt tokens + max_new_tokens={max_tokens} "
-                f"need {blocks_needed(held, self.block_size)} blocks of {self.block_size} "
-                f"tokens but the pool has num_blocks={self.num_blocks}")
+        need = blocks_needed(max(longest, reserved_tokens(
+            self.scheduler.reservation, len(ids), max_tokens, self.max_model_len)),
+            self.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"{name} can never fit: {len(ids)} prompt tokens + max_new_tokens="
+                             f"{max_tokens} need {need} blocks of {self.block_size} tokens but "
+                             f"the pool has num_blocks={self.num_blocks}")
         if longest > self.max_model_len:
             raise ValueError(f"{name}: {len(ids)} tokens + max_new_tokens={max_tokens} exceed "
                              f"max_model_len={self.max_model_len}")
         return ids
 
-    @staticmethod
-    def _eos_ids(model, eos_token_id) -> frozenset[int]:
-        if eos_token_id is None:
-            gen = getattr(model, "generation_config", None)
-            eos_token_id = getattr(gen, "eos_token_id", None)
-            if eos_token_id is None:
-                eos_token_id = getattr(model.config, "eos_token_id", None)
-        if eos_token_id is None:
-            return frozenset()
-        return frozenset(as_token_ids("eos_token_id", eos_token_id, scalar=True))
 
-    def __repr__(self) -> str:
-        s = self.scheduler
-        return (f"Engine({type(self.model).__name__}, num_blocks={self.num_blocks}, "
-                f"block_size={self.block_size}, max_num_seqs={s.max_num_seqs}, "
-                f"max_num_batched_tokens={s.max_num_batched_tokens}, "
-                f"preemption_mode={s.preemption_mode!r}, reservation={s.reservation!r})")
+def check_backends(device: torch.device, attention_backend, fused_backend, cuda_graphs) -> None:
+    """``ValueError`` / ``TypeError`` unless the backends and ``cuda_graphs`` can run on
+    ``device`` here (Triton: in its interpreter on CPU tensors, compiled on CUDA ones)."""
+    for name, value in (("attention_backend", attention_backend),
+                        ("fused_backend", fused_backend)):
+        if value not in BACKENDS:
+            raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
+        if value == "triton" and not triton_runs_on(device):
+            raise ValueError(f"{name}='triton' cannot run on the model's device ({device}) "
+                             f"here: {_device.describe()}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be a bool or None, got {cuda_graphs!r}")
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {device}")
 
 
 def triton_runs_on(device: torch.device) -> bool:
-    """Whether Triton kernels can take tensors on ``device`` here: in Triton's interpreter CPU
-    tensors, compiled CUDA tensors, never without the triton package (``paged_ref._device``
-    decides where it says so)."""
+    """Whether Triton kernels take tensors on ``device`` here (``paged_ref._device`` decides,
+    where it can say so)."""
     ask = getattr(_device, "triton_runs_on", None)
     if ask is not None:
         return ask(device)

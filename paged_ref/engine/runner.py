@@ -1,24 +1,19 @@
 """The model runner: a Hugging Face Llama-family model, run over the paged KV cache.
 
-It uses the model's weights -- embeddings, RMS norms, the q/k/v/o projections, rotary
-embeddings, MLPs, the final norm and the LM head -- and replaces attention and the cache. A
-layer is about ten kernels (:mod:`paged_ref.engine.fused`; ``h`` is the residual stream, ``x``
-its normalised copy that the next sub-block reads)::
+It uses the model's weights (embeddings, norms, projections, rotary embedding, MLPs, LM head)
+and replaces attention and the cache. A layer is about ten kernels (the ops of
+:mod:`paged_ref.engine.fused`; ``h`` the residual stream, ``x`` its normalised copy)::
 
-    qkv   = x @ W_qkv                              # q, k, v projections in one GEMM
-    q     = rope_write_kv(qkv, ...)                # rotate q, k; store k, v at slot_mapping
-    a     = paged_prefill(q, cache, ...)           # prompts and chunks (causal), or
-            paged_attention(q, cache, ..., plan)   # decode steps (split-KV: split + merge)
-    h, x  = h + o_proj(a), post_attention_layernorm
-    m     = silu(x @ W_gate) * (x @ W_up)          # gate, up in one GEMM + 1 kernel
-    h, x  = h + down_proj(m), next layer's input_layernorm (the final norm last)
+    qkv = x @ W_qkv;  q = rope_write_kv(qkv, ...)   # q, k rotated; k, v stored at their slots
+    a = paged_prefill(q, cache, ...)  or  paged_attention(q, cache, ..., plan)   # decode
+    h, x = h + o_proj(a), post_attention_layernorm;  m = silu(x @ W_gate) * (x @ W_up)
+    h, x = h + down_proj(m), the next layer's input_layernorm (the final norm last)
 
-All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
+A step's requests are one flat batch of ``T`` tokens: request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
-token replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...): a
-smaller batch is padded to its bucket with rows of length 0 that write their K/V to a spare
-block no request owns. Greedy rows take the argmax; sampling rows go to
-:func:`~paged_ref.engine.sampler.sample` (outside the graph, from the graph's hidden states).
+token replay CUDA graphs captured per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...), padded
+with rows of length 0 that write to a spare block. Greedy rows take the argmax; sampling rows
+go to :func:`~paged_ref.engine.sampler.sample`, outside the graph, from its hidden states.
 """
 
 from __future__ import annotations
@@ -72,14 +67,11 @@ class ModelRunner:
     """Runs ``model`` (a transformers ``LlamaForCausalLM``-like model) one step at a time.
 
     Args:
-        model: its modules are used in place and never changed (one model can back several
-            runners). The runner keeps a copy of each layer's q/k/v weights stacked into one
-            matrix and of gate/up into another (:func:`fused.fuse_linears`): about half the
-            model's parameters again (Llama-3.2-1B-like shape: 1.3 GB in bf16). Made here,
-            once: change the model's weights afterwards and build a new runner.
-        num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
-            block more, the padding rows' scratch block.
-        num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
+        model: used in place, never changed (one model can back several runners). The runner
+            keeps each layer's q/k/v weights stacked into one matrix and gate/up into another
+            (:func:`fused.fuse_linears`, made once): about half the parameters again.
+        num_blocks, block_size: the scheduler's KV pool (plus one scratch block for padding).
+        num_host_blocks: the host tier's blocks (where evicted cached blocks spill).
         attention_backend: ``backend=`` of ``paged_prefill`` / ``plan_decode``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
@@ -166,8 +158,7 @@ class ModelRunner:
     # ---- one step ---------------------------------------------------------------------------
 
     def _on_device(self):
-        """``torch.cuda.device(model's GPU)``: graphs capture and replay on their own GPU, not on
-        whichever is current (a no-op context on the CPU)."""
+        """The model's GPU as the current device (graphs are its own), a no-op on the CPU."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
     @torch.inference_mode()
@@ -177,52 +168,47 @@ class ModelRunner:
         Args:
             step: the batch (host lists).
             sampling: which of the sampled rows sample, and how; the others (all, when None)
-                take the greedy argmax. The argmax reads the logits in their own dtype: as
-                exact as float32 for bf16 / fp16, without writing 256 x 128k x 4 bytes more.
+                take the argmax, of the logits in their own dtype (as exact as float32).
 
         Returns:
-            ``len(step.sample_rows)`` token ids (one read-back per step).
+            ``len(step.sample_rows)`` token ids: the step's one read-back.
         """
         if not step.input_ids:
             return []
-        batch = len(step.seq_lens)
+        batch, dev = len(step.seq_lens), self.device
         if step.is_decode and self.graphs and batch <= max(self.graphs):
             with self._on_device():  # replay on the GPU the graphs belong to
                 tokens, hidden = (t[:batch][step.sample_rows] for t in self._replay(step))
         else:
-            hidden = self.forward(*self._tensors(step), self._attend(step))
+            ids, pos, slots = torch.tensor([step.input_ids, step.positions,
+                                            step.slot_mapping]).to(dev)
             last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
-                                dtype=torch.long, device=self.device)
-            hidden = hidden[last]
+                                dtype=torch.long, device=dev)
+            hidden = self.forward(ids, pos, slots, self._attend(step))[last]
             tokens = self.model.lm_head(hidden).argmax(dim=-1)
         if sampling is not None:
-            rows = torch.tensor(sampling.rows, device=self.device)
+            rows = torch.tensor(sampling.rows, device=dev)
             tokens[rows] = sample(self.model.lm_head(hidden[rows]), sampling)
         return tokens.tolist()
 
-    def _tensors(self, step: StepInputs) -> list[torch.Tensor]:
-        """input_ids, positions, slot_mapping as int64 tensors on the model's device."""
-        host = torch.tensor([step.input_ids, step.positions, step.slot_mapping])
-        return list(host.to(self.device, non_blocking=True))
-
     def _attend(self, step: StepInputs):
         """``attend(layer, q)`` for :meth:`forward`: decode (planned) or prefill attention."""
-        dev, c = self.device, self.cache
-        tables = self._tables(step.block_tables)
-        seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32, device=dev)
+        c, tables = self.cache, self._tables(step.block_tables, len(step.block_tables))
+        seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32, device=self.device)
         if step.is_decode:
             plan = plan_decode(step.seq_lens, **self.plan_args)
             return lambda i, q: paged_attention(q, c.k_caches[i], c.v_caches[i], tables,
                                                 seq_lens, plan=plan)
-        qsl = torch.tensor(step.query_start_loc, dtype=torch.int32, device=dev)
+        qsl = torch.tensor(step.query_start_loc, dtype=torch.int32, device=self.device)
         return lambda i, q: paged_prefill(q, c.k_caches[i], c.v_caches[i], tables, seq_lens,
                                           qsl, scale=self.scale, backend=self.backend)
 
-    def _tables(self, block_tables: list[list[int]]) -> torch.Tensor:
-        """Block tables as int32 ``[B, longest]`` (short rows padded with 0: never read)."""
-        width = max(1, max(len(t) for t in block_tables))
-        rows = [t + [0] * (width - len(t)) for t in block_tables]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+    def _tables(self, block_tables: list[list[int]], rows: int) -> torch.Tensor:
+        """Block tables as int32 ``[rows, longest]`` (short rows, padding rows: 0, never read)."""
+        out = np.zeros((rows, max(1, max(len(t) for t in block_tables))), dtype=np.int32)
+        for row, table in enumerate(block_tables):
+            out[row, :len(table)] = table
+        return torch.from_numpy(out).to(self.device)
 
     # ---- CUDA graphs for decode steps ---------------------------------------------------------
 
@@ -268,21 +254,18 @@ class ModelRunner:
         return graph
 
     def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the step into the static buffers, replay the bucket's graph; returns the
-        greedy tokens ``[bucket]`` and hidden states ``[bucket, hidden]`` (static buffers)."""
+        """Copy the step into the static buffers, replay its bucket's graph; returns (views of)
+        the greedy tokens ``[bucket]`` and the hidden states ``[bucket, hidden]``."""
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
-        width = max(len(t) for t in step.block_tables)
-        tables = np.zeros((bucket, width), dtype=np.int32)  # padding rows: length 0, never read
-        for row, table in enumerate(step.block_tables):
-            tables[row, : len(table)] = table
+        tables = self._tables(step.block_tables, bucket)
         host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
-                             step.slot_mapping + [self.scratch_slot] * pad], dtype=torch.long)
-        self.g_input_ids[:bucket].copy_(host[0])
-        self.g_positions[:bucket].copy_(host[1])
-        self.g_slots[:bucket].copy_(host[2])
-        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
-        self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
+                             step.slot_mapping + [self.scratch_slot] * pad,
+                             step.seq_lens + [0] * pad])  # padding rows: length 0
+        for buffer, row in zip((self.g_input_ids, self.g_positions, self.g_slots,
+                                self.g_seq_lens), host, strict=True):
+            buffer[:bucket].copy_(row)
+        self.g_tables[:bucket, :tables.shape[1]].copy_(tables)
         self.graphs[bucket].replay()
         return self.g_tokens[:bucket], self.g_hidden[:bucket]

@@ -6,24 +6,21 @@ chunk or several (chunked prefill); after a preemption by recompute, the prompt 
 tokens generated so far are one long prompt again. Every step:
 
 1. **Running requests first**, oldest first: each gets ``min(tokens it still needs, budget
-   left)`` tokens. Their new tokens need slots; when a block is needed and none is free, a
-   running request is preempted (:func:`~paged_ref.engine.policy.choose_victim`: the latest
-   arrival) and its blocks freed, until the slots fit -- or the request itself was the victim.
+   left)`` tokens. When their slots need a block and none is free, a running request is
+   preempted (:func:`~paged_ref.engine.policy.choose_victim`) and its blocks freed.
 2. **Then waiting requests**, first come first served, while seats, token budget and free
-   blocks last (:func:`~paged_ref.engine.policy.admit_count`); none is admitted in a step that
-   preempted (the pool is short). With prefix caching a new request's leading full blocks may
-   already be cached: it computes only the rest.
+   blocks last (:func:`~paged_ref.engine.policy.admit_count`); none in a step that preempted.
+   With prefix caching a new request's leading full blocks may be cached: it computes the rest.
 
 Slots are taken when a chunk is scheduled (``append_slot`` with the token id, which feeds the
-prefix cache's hash) and the chunk is computed in the same step. If the step fails instead,
-:meth:`Scheduler.rollback` aborts every request whose blocks reach past its computed tokens,
-freeing them with ``num_computed`` so that no hash is left over K/V never written.
+prefix cache's hash) and the chunk is computed in the same step; if the step fails instead,
+:meth:`Scheduler.rollback` aborts every request whose blocks run ahead of its computed tokens
+(``free_sequence(num_computed=...)``: no hash is left over K/V never written).
 
-Preemption modes: ``"recompute"`` frees the victim's blocks; it is admitted again later and
-computes its tokens so far once more (prefix-cache hits are not recomputed). ``"swap"`` adds a
-host (CPU) tier as large as the pool: evicted cached blocks spill there, and a hit copies them
-back. Reservation policies (:func:`~paged_ref.engine.policy.reserved_tokens`) admit a request
-only when all its reserved blocks are free and hold them until it finishes.
+``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
+``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
+where a hit copies them back. A reservation policy (:func:`~paged_ref.engine.policy.
+reserved_tokens`) admits a request only when all its blocks are free, and holds them to the end.
 """
 
 from __future__ import annotations
@@ -84,8 +81,7 @@ class Scheduler:
         enable_prefix_caching: share cached prompt blocks between requests.
         preemption_mode: ``"recompute"`` or ``"swap"``.
         admit, choose_victim: the policy functions (see :mod:`paged_ref.engine.policy`).
-        reservation: one of :data:`~paged_ref.engine.policy.RESERVATIONS` (``"paged"``:
-            blocks on demand).
+        reservation: one of :data:`~paged_ref.engine.policy.RESERVATIONS`.
         max_model_len: the longest request (what ``"reserve_max"`` reserves); default the pool.
 
     Raises:
@@ -97,25 +93,24 @@ class Scheduler:
                  preemption_mode: str = "recompute", admit: Callable = admit_count,
                  choose_victim: Callable = choose_victim, reservation: str = "paged",
                  max_model_len: int | None = None) -> None:
-        for name, value in (("preemption_mode", preemption_mode), ("reservation", reservation)):
-            allowed = PREEMPTION_MODES if name == "preemption_mode" else RESERVATIONS
+        for name, value, allowed in (("preemption_mode", preemption_mode, PREEMPTION_MODES),
+                                     ("reservation", reservation, RESERVATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if preemption_mode == "swap" and not enable_prefix_caching:
+            raise ValueError("preemption_mode='swap' needs enable_prefix_caching=True (a "
+                             "preempted request's blocks come back as prefix-cache hits)")
         self.block_size = check_int("block_size", block_size, minimum=1)
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, minimum=1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens",
                                                 max_num_batched_tokens, minimum=1)
         self.preemption_mode, self.reservation = preemption_mode, reservation
-        if preemption_mode == "swap" and not enable_prefix_caching:
-            raise ValueError("preemption_mode='swap' needs enable_prefix_caching=True (a "
-                             "preempted request's blocks come back as prefix-cache hits)")
         self.num_host_blocks = num_blocks if preemption_mode == "swap" else 0
         self.manager = KVCacheManager(num_blocks, block_size,
                                       enable_prefix_caching=enable_prefix_caching,
                                       num_host_blocks=self.num_host_blocks)
         self.max_model_len = max_model_len or num_blocks * block_size
-        self.admit = admit
-        self.choose_victim = choose_victim
+        self.admit, self.choose_victim = admit, choose_victim
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -133,9 +128,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick the chunks of the next step, taking slots for them (see the module doc). If
         anything raises meanwhile (a policy function, the manager), :meth:`rollback` first."""
-        out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        i = 0
+        out, budget, i = SchedulerOutput(), self.max_num_batched_tokens, 0
         try:
             while i < len(self.running) and budget > 0:
                 req = self.running[i]
@@ -169,19 +162,18 @@ class Scheduler:
         for chunk in out.chunks:
             req = chunk.request
             req.num_computed = chunk.end
-            if not chunk.samples:
-                continue
-            token = new_tokens[req.req_id]
-            req.output.append(token)
-            stop = token in req.stop_ids or token in stop_ids
-            if stop or len(req.output) >= req.max_new_tokens:
-                self._finish(req, "stop" if stop else "length")
-                finished.append(req)
+            if chunk.samples:
+                token = new_tokens[req.req_id]
+                req.output.append(token)
+                stop = token in req.stop_ids or token in stop_ids
+                if stop or len(req.output) >= req.max_new_tokens:
+                    self._finish(req, "stop" if stop else "length")
+                    finished.append(req)
         return finished
 
     def abort(self, req: Request) -> None:
-        """Drop ``req``, waiting or running, freeing all it holds (its blocks, with their hashes
-        past its computed tokens, and any reservation). Its ``finish_reason`` is ``"abort"``."""
+        """Drop ``req``, waiting or running, with all it holds (its blocks -- hashes past its
+        computed tokens dropped -- and any reservation); its ``finish_reason`` is "abort"."""
         if req.status is Status.WAITING:
             self.waiting.remove(req)
             req.status, req.finish_reason = Status.FINISHED, "abort"
@@ -189,10 +181,9 @@ class Scheduler:
             self._finish(req, "abort", num_computed=req.num_computed)
 
     def rollback(self) -> list[Request]:
-        """After a step failed: abort (and return) every running request whose blocks reach
-        past its computed tokens -- the ones the step scheduled. The others are as before."""
-        m = self.manager
-        stale = [r for r in self.running if m.seq_len(r.req_id) != r.num_computed]
+        """After a failed step: abort (and return) the running requests whose blocks run ahead
+        of their computed tokens, the ones the step scheduled. The others are as before."""
+        stale = [r for r in self.running if self.manager.seq_len(r.req_id) != r.num_computed]
         for r in stale:
             self.abort(r)
         return stale
@@ -230,13 +221,11 @@ class Scheduler:
         count = self.admit([r.num_tokens for r in heads], m.num_free_blocks, self.block_size,
                            budget, seats)
         for req in heads[:count]:
-            if budget <= 0:
-                break
             end = min(req.num_tokens, budget)
             hold = blocks_needed(reserved_tokens(self.reservation, len(req.prompt),
                                                  req.max_new_tokens, self.max_model_len),
                                  self.block_size)
-            if hold > m.num_free_blocks:  # the whole reservation or nothing
+            if budget <= 0 or hold > m.num_free_blocks:  # (the whole reservation or nothing)
                 break
             try:
                 cached = m.add_sequence(req.req_id, token_ids=req.tokens[:end])
@@ -261,8 +250,7 @@ class Scheduler:
         """Free ``victim``'s blocks and put it back at the head of the queue (recompute)."""
         self.manager.free_sequence(victim.req_id)
         self.running.remove(victim)
-        victim.num_computed = 0
-        victim.status = Status.WAITING
+        victim.num_computed, victim.status = 0, Status.WAITING
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)

@@ -109,12 +109,12 @@ def test_prompts_of_floats_or_other_shapes_are_type_errors(tiny, prompt_and_toke
 
 PLANTED_CONFIG = {
     "backends not checked": (engine_module, [(
-        "            if value not in BACKENDS:\n", "            if False:\n")]),
+        "        if value not in BACKENDS:\n", "        if False:\n")]),
     "max_model_len=0 becomes the default": (engine_module, [(
         "if max_model_len is None\n", "if not max_model_len\n")]),
     "EOS ids iterated (a string becomes its digits)": (engine_module, [(
-        'frozenset(as_token_ids("eos_token_id", eos_token_id, scalar=True))',
-        "frozenset(int(t) for t in eos_token_id)")]),
+        'as_token_ids("eos_token_id", eos_token_id, scalar=True)',
+        "[int(t) for t in eos_token_id]")]),
     "cuda_graphs not checked (AssertionError mid-construction)": (engine_module, [(
         'if cuda_graphs and device.type != "cuda":', "if False:")]),
     "a float max_num_seqs accepted": (scheduler_module, [(
