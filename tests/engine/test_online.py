@@ -237,3 +237,13 @@ def test_reservation_that_can_never_fit_is_refused(tiny):
     assert blocks_needed(64, 4) > 8 and not engine.requests
     with pytest.raises(ValueError, match="reservation"):
         Engine(tiny, num_blocks=8, reservation="orca")
+
+
+def test_bench_fit_sweep_runs_the_real_reservation(tiny):
+    """``paged_bench.engine.fit_sweep``'s reserve-max rows come from ``reservation=
+    "reserve_max"``: a 512-token budget holds 512 // 256 requests of max_len 256."""
+    from paged_bench.engine import fit_sweep
+
+    rows = fit_sweep(tiny, [512], n=8, seed=0, max_len=256, block_size=4)
+    held = {r["mode"]: r["max_requests_held"] for r in rows}
+    assert held["reserve_max"] == 512 // 256 < held["paged"]

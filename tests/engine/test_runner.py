@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from paged_bench.engine import build_model, workload  # noqa: E402
+from paged_bench.engine import workload  # noqa: E402
 from paged_ref.engine import Engine  # noqa: E402
 from paged_ref.engine.runner import ModelRunner, graph_buckets  # noqa: E402
 
@@ -28,16 +28,7 @@ class FakeGraph:
         return None
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return build_model("tiny", dtype=torch.float32, device="cpu", seed=1)
-
-
-def hf_greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                         min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+from tests.engine.checks import hf_greedy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +65,30 @@ def test_graph_path_bookkeeping(tiny, case, monkeypatch, max_num_seqs):
         len(step.seq_lens)) or real(step))
     assert engine.generate(prompts, outputs, ignore_eos=True) == expected
     assert replays and any(b not in engine.runner.graphs for b in replays), "padded buckets"
+
+
+def test_graph_path_samples_from_the_graphs_hidden_states(tiny, case, monkeypatch):
+    """Sampling rows beside greedy ones in graph-replayed decode steps: seeded requests give
+    the tokens they give without graphs (the sampler reads the graph's hidden states)."""
+    from paged_ref.engine import SamplingParams
+
+    prompts, outputs, expected = case
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, **({} if i % 2 else dict(
+        temperature=0.3, top_k=20, seed=i))) for i, n in enumerate(outputs)]
+    runs = []
+    for graphs in (False, True):
+        monkeypatch.setattr(ModelRunner, "_capture_one", staticmethod(
+            lambda step, pool: FakeGraph(step)))
+        engine = Engine(tiny, num_blocks=48, block_size=4, max_num_seqs=8)
+        if graphs:
+            engine.runner._capture(graph_buckets(8))
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        final = {}
+        while engine.has_unfinished_requests():
+            final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+        runs.append([final[i] for i in ids])
+    assert runs[0] == runs[1]
+    assert runs[0][1::2] == expected[1::2] and runs[0][0::2] != expected[0::2]
 
 
 def test_graph_buckets():
