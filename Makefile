@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install kernel lab test test-exercises test-browser exercises outputs site preflight \
+.PHONY: install kernel lab test test-gpu test-exercises test-browser exercises outputs site preflight \
 	lint bench clean
 
 install: $(STAMP)
@@ -39,6 +39,12 @@ test: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
 	OMP_NUM_THREADS=1 PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
 
+## On a machine with an NVIDIA GPU: the suite with every kernel compiled (no notebooks: make test
+## runs those too where Jupyter is installed). tools/gpu/suite.sh does the same on a bare GPU box.
+test-gpu: install
+	$(PY) -m pytest tests --ignore=tests/browser -o addopts="-ra -p no:cacheprovider" -n 2 \
+		--dist loadfile
+
 ## Your exercises: make test-exercises EX=ex02
 test-exercises: install
 	$(PY) -m pytest tests/exercises --impl exercises $(if $(EX),-k $(EX),)
@@ -68,9 +74,10 @@ preflight:
 lint: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
 
-## GPU only: python -m paged_bench
+## GPU only: one benchmark suite, written to results/<gpu>/; make bench SUITE=prefill
+SUITE ?= decode
 bench: install
-	$(PY) -m paged_bench.decode
+	$(PY) -m paged_bench $(SUITE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis site

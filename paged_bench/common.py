@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from paged_course.results import RESULTS, gpu_kind
 from paged_course.timing import time_ms, warm_up_gpu
 from paged_ref.cache_math import cdiv, tokens_in_block
 
@@ -46,8 +47,9 @@ def suite_parser(suite: str, doc: str, *, out: str, cases: Iterable[str] | None 
                  backends: Iterable[str] | None = None,
                  out_help: str = "JSON path (the plot goes beside it)") -> argparse.ArgumentParser:
     """The parser a suite adds its own options to: ``prog`` and the description (``doc``'s first
-    line), ``--out`` (a :class:`~pathlib.Path`, default ``out``), and where given ``--cases``
-    and ``--backends`` (default: all of them; parsed into lists of names)."""
+    line), ``--out`` (a :class:`~pathlib.Path`, default ``results/<this machine's GPU kind>/<out>``:
+    the file the lessons read), and where given ``--cases`` and ``--backends`` (default: all of
+    them; parsed into lists of names)."""
     p = argparse.ArgumentParser(prog=f"python -m paged_bench {suite}",
                                 description=doc.strip().split("\n")[0])
     for option, names, what in (("--cases", cases, "case"), ("--backends", backends, "backend")):
@@ -55,7 +57,7 @@ def suite_parser(suite: str, doc: str, *, out: str, cases: Iterable[str] | None 
             names = list(names)
             p.add_argument(option, type=name_list(names, what), default=",".join(names),
                            help="comma-separated, from: " + ", ".join(names))
-    p.add_argument("--out", type=Path, default=Path(out), help=out_help)
+    p.add_argument("--out", type=Path, default=RESULTS / gpu_kind() / out, help=out_help)
     return p
 
 

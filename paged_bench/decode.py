@@ -313,7 +313,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv):
-    p = suite_parser("decode", __doc__, out="bench.json", cases=CASES, backends=OURS + PEERS)
+    p = suite_parser("decode", __doc__, out="decode.json", cases=CASES, backends=OURS + PEERS)
     p.add_argument("--sweep-configs", action="store_true",
                    help="time the Triton kernels over a grid of tile / warps / stages")
     p.add_argument("--sweep-chunks", default="",
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("No CUDA GPU here, so no bandwidth numbers: timings on a CPU or in Triton's "
               "interpreter say nothing about how a kernel uses GPU memory bandwidth.\n"
-              "Committed GPU results are in benchmarks/. The cases and the bytes each moves:")
+              "Committed GPU results are in results/. The cases and the bytes each moves:")
         per_token = kv_bytes_per_token(num_layers=1, num_kv_heads=SHAPE["num_kv_heads"],
                                        head_dim=SHAPE["head_dim"], dtype=SHAPE["dtype"])
         for name in cases:

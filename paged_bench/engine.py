@@ -264,7 +264,9 @@ def format_sweep(model, budget_mib: float, formats, n: int, seed: int, max_len: 
     it buys, then the workload served in them: ``n`` prompts (lesson 01's lengths), ``max_new``
     tokens each, many more than fit at once, so the requests go through in waves. Per format:
     tokens of room, requests held at once, output tok/s, preemptions (lesson 10's "tokens that
-    fit", measured)."""
+    fit", measured), and one CUDA-graph decode step of 256 requests of ``max_len // 2`` tokens
+    with the kernels it launches a layer (where a format's step time goes)."""
+    from paged_course.timing import copy_bandwidth_gbps
     from paged_ref.engine import Engine
     from paged_ref.quant import KVFormat
 
@@ -291,6 +293,10 @@ def format_sweep(model, budget_mib: float, formats, n: int, seed: int, max_len: 
                      "max_requests_held": s.max_running, "output_tok_s": s.output_tokens_per_s,
                      "output_tokens": s.output_tokens, "preemptions": s.preemptions,
                      "steps": s.steps})
+        if engine.runner.graphs and 256 * blocks_needed(max_len // 2, block_size) <= num_blocks:
+            step = decode_step(engine, model, 256, max_len // 2, copy_bandwidth_gbps())
+            rows[-1].update(decode_graph_ms=step["graph_ms"],
+                            decode_kernels_per_layer=step["kernels_per_layer"])
         print(rows[-1], flush=True)
         del engine
     return rows
@@ -348,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU here: the engine benchmark runs on a GPU (committed results: "
-              "benchmarks/h200/engine.json)")
+              "results/h200/engine.json)")
         return 0
     from paged_course.timing import copy_bandwidth_gbps
 

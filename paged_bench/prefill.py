@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = args.cases
     if not torch.cuda.is_available():
         print("No CUDA GPU here, so no TFLOP/s: timings on a CPU or in Triton's interpreter say "
-              "nothing about tensor cores.\nCommitted GPU results are in benchmarks/. The cases, "
+              "nothing about tensor cores.\nCommitted GPU results are in results/. The cases, "
               "their FLOPs and bytes:")
         for name in cases:
             pairs = CASES[name]

@@ -54,44 +54,6 @@ def float64_reference(inp: PagedInputs) -> torch.Tensor:
                                  inp.seq_lens, max_len=int(inp.seq_lens.max()))
 
 
-def quantised_cases(names, formats, device="cuda"):
-    """For each bench case in ``names`` and each cache format: ``(case, lengths, format,
-    inputs, float64 answer, bytes a call reads)`` on the bench's shape (seed 0), the
-    probes' loop. Each case's inputs are freed (and the CUDA cache emptied) before the next."""
-    for name in names:
-        lens = CASES[name]
-        plain = make_paged_inputs(lens, device=device, seed=0, **SHAPE)
-        for fmt in formats:
-            inp = plain.quantized(fmt)
-            yield name, lens, fmt, inp, float64_reference(inp), bytes_moved(inp)
-        del plain
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def plan_keywords(spec: str, sep: str = ",") -> dict:
-    """The GPU probes' spelling of ``plan_cuda`` keywords: ``"chunk_len=512,stages=4"`` ->
-    ints, ``"defines=INT4_TMA=0|L2_PREFETCH=128"`` -> a tuple of the .cu's macros."""
-    pairs = [kv.partition("=")[::2] for kv in spec.split(sep) if kv]
-    return {k: tuple(v.split("|")) if k == "defines" else int(v) for k, v in pairs}
-
-
-def measured(fn, ref: torch.Tensor, nbytes: int, copy_bw: float) -> dict:
-    """One probe row's numbers for ``fn``: its relative error against ``ref``, then its median
-    ms (``time_ms``, the bench's timer) and its share of copy bandwidth for ``nbytes``."""
-    err = relative_error(fn().float(), ref)
-    ms = time_ms(fn)
-    return dict(ms=ms, rel_err=err, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw)
-
-
-def timed_both_ways(fn, nbytes: int, copy_bw: float) -> dict:
-    """A probe row's timings of ``fn``: ``ms`` (``time_ms``, the bench's timer) and
-    ``ms_clean_l2`` (``clean_l2_ms``), each with its share of copy bandwidth for ``nbytes``."""
-    ms, clean = time_ms(fn), clean_l2_ms(fn)
-    return dict(ms=ms, ms_clean_l2=clean, pct_copy_bw=100 * gbps(nbytes, ms) / copy_bw,
-                pct_copy_bw_clean_l2=100 * gbps(nbytes, clean) / copy_bw)
-
-
 def same_bytes_copy(nbytes: int) -> dict:
     """A plain device-to-device copy that moves ``nbytes`` (half read, half written), timed as
     the rows are: ``copy_ms`` (do_bench) and ``copy_ms_clean_l2``."""
@@ -130,15 +92,15 @@ def our_runners(inp: PagedInputs, configs=()) -> dict:
 
 
 def cuda_runners(inp: PagedInputs, lengths, out: torch.Tensor) -> dict:
-    """The hand-written CUDA kernels (:mod:`paged_ref.kernels.cuda_fp8`) on an FP8 cache or an
+    """The hand-written CUDA kernels (:mod:`paged_ref.kernels.cuda`) on an FP8 cache or an
     ``int4`` one (backend ``cuda_fp8`` / ``cuda_int4``), with their default launch shape,
     where this machine can build and run them: planned once outside the timing, as the Triton
     runner's split is (the timed call is ``plan.run``)."""
-    from paged_ref.kernels.cuda_fp8 import cuda_fp8_available, plan_cuda
+    from paged_ref.kernels.cuda import cuda_kernels_available, plan_cuda
 
     fmt = getattr(inp.k_cache, "format", None)
     if fmt is None or fmt.name not in ("fp8", "fp8_token_head", "int4") or (
-            not cuda_fp8_available(inp.q.device)):
+            not cuda_kernels_available(inp.q.device)):
         return {}
     args = inp.args()
     plan = plan_cuda(*args, max_len=lengths.max_len, total_tokens=lengths.total_tokens)
@@ -228,8 +190,9 @@ def family(row: dict) -> str:
 
 
 def read_ceiling(result: dict, case: str, kv_format: str = "int4") -> dict:
-    """From a ``tools/gpu/int4_read_probe.py`` result, for one case and cache format, the
-    fastest row (by ``ms``, over the turns) of the ``kernel``, of the best bare paged
+    """From a read-ceiling measurement (``results/h200/int4_read_ceiling.json``: kernels that
+    only read a case's cache through its table; docs/lab_notes.md), for one case and cache
+    format, the fastest row (by ``ms``, over the turns) of the ``kernel``, of the best bare paged
     ``reader`` (the rings that read every byte the kernel does: not the codes-only one) and of
     the ``flat`` read; and ``bar_us``, the time that is 85 % of copy bandwidth for the kernel's
     bytes."""
@@ -322,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     formats = args.formats
     if not torch.cuda.is_available():
-        print("No CUDA GPU here: no timings (see benchmarks/h200/quant.json). Bytes per "
+        print("No CUDA GPU here: no timings (see results/h200/quant.json). Bytes per "
               "token-head (head_dim 128), codes + scales:")
         for f in formats:
             per = 256 if f == "bf16" else KVFormat.parse(f).bytes_per_token_head(128)

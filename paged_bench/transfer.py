@@ -55,8 +55,7 @@ def p2p_copy_gbps(num_bytes: int = 2 << 30, reps: int = 10) -> float:
 
 def make_pool(prompt: int, device, seed: int, shape: dict = SHAPE):
     """A pool of ``shape`` (default: the 8B-like SHAPE) with room for the prompt twice over,
-    random K/V; sequence ``"req"`` holds the prompt, its blocks scattered over the pool.
-    (tools/gpu/transfer_probe.py builds its pools here too.)"""
+    random K/V; sequence ``"req"`` holds the prompt, its blocks scattered over the pool."""
     from paged_ref import KVCacheManager, PagedKVCache
     from paged_ref.cache_math import blocks_needed
 
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if torch.cuda.device_count() < 2:
         print("This suite needs two CUDA GPUs (it moves KV blocks between them); lesson 11 "
-              "shows the committed results from benchmarks/h200x2/.")
+              "shows the committed results from results/h200x2/.")
         return 2
     from paged_course.two_ranks import run_two_ranks
 

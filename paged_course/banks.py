@@ -1,6 +1,6 @@
 """Shared-memory banks and cache lines for the CUDA decode kernels' tiles (lesson 10).
 
-The kernels (``paged_ref/kernels/cuda_fp8_decode.cu``) copy each 16-token tile of K and V into
+The kernels (``paged_ref/kernels/cuda/``) copy each 16-token tile of K and V into
 shared memory, 16 bytes a lane, then each thread reads its MMA fragments back. Two things
 decide whether that is fast, and both can be counted on paper:
 
@@ -15,7 +15,7 @@ another), ``"padded"`` (each row ``row_bytes + 16`` apart: the usual cure for co
 ``"swizzled"`` (rows one after another, the 16-byte chunks of each 128-byte line permuted:
 chunk ``c`` of line ``n`` at ``c ^ (n % 8)`` for rows of 128 bytes or more, at
 ``c ^ 2 (n % 4)`` for shorter rows; :func:`swizzled`, what the kernels use).
-``tests/kernels/test_cuda_fp8_host.py`` checks :func:`swizzled` is the .cu's.
+``tests/kernels/cuda/test_banks.py`` checks :func:`swizzled` is ``common.cuh``'s.
 
     from paged_course import banks
     banks.table()     # wavefronts of every format / head_dim / layout, and whole lines

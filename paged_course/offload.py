@@ -63,7 +63,7 @@ def breakeven_gbps(n: int, tflops: float, shape: dict = LLAMA_8B) -> float:
     return kv_bytes(n, shape) / (prefill_flops(n, shape) / (tflops * 1e12)) / 1e9
 
 
-# ---- the GPU measurement (tools/gpu/offload.py writes benchmarks/<gpu>/offload.json) -------
+# ---- the GPU measurement (tools/gpu/offload.py writes results/<gpu>/offload.json) -------
 
 #: Columns of a measured row shown in lesson 07, in this order.
 MEASURED_COLUMNS = ["prefix_tokens", "copy_back_ms", "bulk_h2d_ms", "recompute_ms",

@@ -9,7 +9,7 @@
 * free-running: ``Engine.generate`` with the quantised cache, and how many tokens it generates
   before its first difference from the float32 cache's (after one, the texts part ways).
 
-``python -m paged_course.quant_lm --out benchmarks/quant_smollm2.json`` (CPU, minutes). On a
+``python -m paged_course.quant_lm --out results/cpu/quant_smollm2.json`` (CPU, minutes). On a
 GPU, ``--device cuda --dtype bfloat16 --backend auto`` runs the same measures through the
 kernels: the Triton prefill kernel scores the passage and generations, and the engine decodes
 with the CUDA decode kernels, each de-quantising in registers (the baseline is then the bf16
@@ -19,7 +19,6 @@ cache).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from paged_course.results import environment
 from paged_ref.cache_math import blocks_needed
 from paged_ref.prefill import paged_prefill
 
@@ -158,7 +158,7 @@ def generation_agreement(model, prompts, baseline, outputs, kv_format=None,
 def decode_kernel(model, kv_format: str, device: str) -> str:
     """Which kernels the engine's decode steps ran for ``kv_format``: "cuda" (the CUDA decode
     kernels), else why not (then the Triton or torch backend de-quantised)."""
-    from paged_ref.kernels.cuda_fp8 import cuda_refusal
+    from paged_ref.kernels.cuda import cuda_refusal
     from paged_ref.quant import KVFormat
 
     if kv_format in ("float32", "bfloat16", "float16"):  # the baseline: the model's dtype
@@ -205,7 +205,7 @@ def measure(model, tokenizer, *, formats=FORMATS, max_tokens: int = 2048, num_pr
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paged_course.quant_lm",
                                 description="SmolLM2 perplexity and greedy agreement per KV format")
-    p.add_argument("--out", default="benchmarks/quant_smollm2.json")
+    p.add_argument("--out", default="results/cpu/quant_smollm2.json")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=0, help="free-running prompts (0: none)")
     p.add_argument("--new-tokens", type=int, default=256)
@@ -231,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             "what": f"SmolLM2-135M-Instruct ({args.dtype} weights, {args.device}, torch "
                     "backend): perplexity of data/passage.txt's first tokens per KV format with "
                     "every attention output element multiplied by 1 + noise * N(0, 1)",
-            "torch": torch.__version__, "date": dt.date.today().isoformat(),
-            "passage_tokens": args.max_tokens, "results": rows}, indent=1))
+            **environment(), "passage_tokens": args.max_tokens, "results": rows}, indent=1))
         print(f"wrote {args.out}")
         return 0
 
@@ -246,9 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                        "(Engine.generate) from passage slices: step_agreement, the float32 "
                        "cache's generated tokens that the format also picks given the same "
                        "history; tokens generated before the first difference, free-running",
-               **({"gpu": torch.cuda.get_device_name()} if args.device.startswith("cuda")
-                  else {}),
-               "torch": torch.__version__, "date": dt.date.today().isoformat(),
+               **environment(),
                "generation": {"prompts": args.prompts, "prompt_tokens": PROMPT_LEN,
                               "new_tokens_each": args.new_tokens},
                "formats": {r["kv_format"]: FORMAT_NOTES.get(r["kv_format"], "") for r in rows},

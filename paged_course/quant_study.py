@@ -5,14 +5,13 @@ in attention error, and how many tokens fit in a memory budget.
     attention_error_table()                # rows: format x distribution -> relative errors
     tokens_that_fit(budget_gib=1.0, num_layers=30, num_kv_heads=3, head_dim=64)
 
-``python -m paged_course.quant_study --out benchmarks/quant_accuracy.json`` writes the
+``python -m paged_course.quant_study --out results/cpu/quant_accuracy.json`` writes the
 committed table (CPU, deterministic seeds).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from paged_course import ROOT
 from paged_course.checks import relative_error
+from paged_course.results import environment, write_result
 from paged_course.testing import make_paged_inputs
 from paged_ref.quant import FP8_DTYPE, KVFormat, dequantize, quantize
 from paged_ref.reference import paged_attention_torch
@@ -123,15 +123,15 @@ SAMPLES = Path(__file__).resolve().parents[1] / "data" / "smollm2_kv_sample.npz"
 
 def bf16_perplexity_rows(root: Path = ROOT) -> list[dict]:
     """SmolLM2 in bf16, per KV format, from three committed runs: the H200 through the kernels
-    (``benchmarks/h200/quant_smollm2_h200_auto.json``: Triton prefill scores, the engine
+    (``results/h200/quant_smollm2_bf16_auto.json``: Triton prefill scores, the engine
     generates), the H200 with the torch backend scoring (``..._torch.json``), and a CPU with
-    relative noise of 0.2-0.4 % on attention's output (``benchmarks/quant_smollm2_noise.json``).
+    relative noise of 0.2-0.4 % on attention's output (``results/cpu/quant_smollm2_noise.json``).
     Perplexities as % above the same run's bf16 cache; ``noise_band`` is (lowest, highest)."""
-    bench = root / "benchmarks"
+    results = root / "results"
     runs = {name: {r["kv_format"]: r for r in
-                   json.loads((bench / "h200" / f"quant_smollm2_h200_{name}.json").read_text())
+                   json.loads((results / "h200" / f"quant_smollm2_bf16_{name}.json").read_text())
                    ["results"]} for name in ("auto", "torch")}
-    noise = json.loads((bench / "quant_smollm2_noise.json").read_text())["results"]
+    noise = json.loads((results / "cpu" / "quant_smollm2_noise.json").read_text())["results"]
     base_cpu = next(r["perplexity"] for r in noise if r["kv_format"] == "bfloat16"
                     and r["noise"] == 0)
 
@@ -154,13 +154,13 @@ def bf16_perplexity_rows(root: Path = ROOT) -> list[dict]:
 
 def engine_format_rows(root: Path = ROOT) -> list[dict]:
     """The same 360 MiB of KV memory in each format, in the engine (H200, SmolLM2's shape,
-    random bf16 weights; ``benchmarks/h200/engine_formats_2026-12-01_torch_write.json``), with
+    random bf16 weights; ``results/h200/engine_formats.json``), with
     each format's decode step of 256 requests and its kernels a layer
-    (``format_step_probe_2026-12-01_torch_write.json``). Both ran with the quantising write as
-    torch ops, before ``paged_ref/kernels/triton/quant_write.py``."""
-    h200 = root / "benchmarks" / "h200"
-    sweep = json.loads((h200 / "engine_formats_2026-12-01_torch_write.json").read_text())
-    probe = json.loads((h200 / "format_step_probe_2026-12-01_torch_write.json").read_text())
+    (``results/h200/format_step.json``). Both ran with the quantising write as torch ops,
+    before ``paged_ref/kernels/triton/quant_write.py``."""
+    h200 = root / "results" / "h200"
+    sweep = json.loads((h200 / "engine_formats.json").read_text())
+    probe = json.loads((h200 / "format_step.json").read_text())
     steps = {("bfloat16" if r["kv_format"] == "plain" else r["kv_format"]): r
              for r in probe["results"]}
     rows = []
@@ -229,7 +229,7 @@ def plot_codes_vs_values(samples: dict, layer_index: int = 1, head: int = 0):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paged_course.quant_study",
                                 description="Attention error of quantised KV caches (CPU).")
-    p.add_argument("--out", default="benchmarks/quant_accuracy.json")
+    p.add_argument("--out", default="results/cpu/quant_accuracy.json")
     args = p.parse_args(argv)
     rows = attention_error_table()
     from tabulate import tabulate
@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"what": "decode attention with a quantised cache vs the float64 answer for the "
                       "bf16 cache; q/K/V bf16, 32 q / 8 kv heads, head_dim 128, block 16, "
                       "lengths 700/1500/333/1024, seed 0; torch backend on CPU",
-              "torch": torch.__version__, "date": dt.date.today().isoformat(), "results": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1))
+              **environment(), "results": rows}
+    write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Committed benchmark results (``benchmarks/<gpu>/*.json``): read them, tabulate, plot.
+"""Committed benchmark results (``results/<gpu kind>/<suite>.json``): read them, tabulate, plot.
 
 Every GPU number a lesson shows on a CPU comes from these files, through these functions, so
 the text and the tables cannot drift apart. A file is what ``python -m paged_bench`` wrote::
@@ -7,7 +7,7 @@ the text and the tables cannot drift apart. A file is what ``python -m paged_ben
      "results": [{"case": "B64_L4096", "backend": "triton_split", "label": ..., "ms": ...,
                   "gbps": ..., "pct_copy_bw": ..., "rel_err": ..., "best": ..., ...}, ...]}
 
-    bench = load_results("bench")                  # benchmarks/h200/bench.json
+    bench = load_results("decode")                 # results/h200/decode.json
     stamp(bench)                                   # "NVIDIA H200, 2026-11-29 (torch ...)"
     best(bench, "B4_L2048", "flashinfer")          # its faster row (tensor cores on or off)
     print_backend_table(bench, ["triton", "triton_split", "flashinfer"])
@@ -21,31 +21,82 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import platform
+import subprocess
 from pathlib import Path
 
 from paged_course import ROOT
 
-#: Where the committed results of the reference GPU live.
-RESULTS_DIR = ROOT / "benchmarks" / "h200"
+#: The committed results: one folder per GPU kind (``h200``, ``h200x2``: two of them; ``cpu``).
+RESULTS = ROOT / "results"
+#: The results of the reference GPU, which the lessons read.
+RESULTS_DIR = RESULTS / "h200"
 #: Backend order in tables and plots.
 ORDER = ("torch", "triton", "triton_split", "auto", "auto_planned", "auto_graph", "sdpa_contiguous",
          "flashinfer")
 
 
+def result_path(name: str) -> Path:
+    """Where a committed result lives: ``"decode"`` is ``results/h200/decode.json`` (the
+    reference GPU's), ``"cpu/sharing"`` is ``results/cpu/sharing.json``."""
+    kind, _, suite = name.rpartition("/")
+    return RESULTS / (kind or RESULTS_DIR.name) / f"{suite}.json"
+
+
 def load_results(name: str | Path) -> dict:
-    """A committed result: ``"bench"`` reads ``benchmarks/h200/bench.json``; a path reads it."""
+    """A committed result by name (see :func:`result_path`), or the JSON file at a path."""
     path = Path(name)
     if path.suffix != ".json":
-        path = RESULTS_DIR / f"{name}.json"
+        path = result_path(str(name))
     with open(path) as f:
         return json.load(f)
+
+
+def reference_gpu() -> dict:
+    """The reference GPU's measured ceilings, from one place (the committed runs), for every
+    lesson that quotes them: ``copy_bw_gbps`` (device-to-device copy, ``decode.json``),
+    ``matmul_tflops`` (dense bf16 matmul, ``prefill.json``), ``ridge_flop_per_byte`` (their
+    ratio: the roofline's corner), each with the ``gpu`` and ``date`` of its run."""
+    decode, prefill = load_results("decode"), load_results("prefill")
+    copy_bw, matmul = decode["copy_bw_gbps"], prefill["matmul_tflops"]
+    return {"gpu": decode["gpu"], "copy_bw_gbps": copy_bw, "copy_bw_date": decode["date"],
+            "matmul_tflops": matmul, "matmul_date": prefill["date"],
+            "ridge_flop_per_byte": matmul * 1e12 / (copy_bw * 1e9)}
+
+
+def gpu_kind() -> str:
+    """The folder of ``results/`` a run on this machine belongs in: ``"h200"`` for one NVIDIA
+    H200, ``"h200x2"`` for two of them, ``"cpu"`` with no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    words = torch.cuda.get_device_name().lower().replace("nvidia", "").split()
+    kind = (words[0] if words else "gpu").replace("-", "")
+    count = torch.cuda.device_count()
+    return kind if count == 1 else f"{kind}x{count}"
+
+
+def commit() -> str:
+    """The checkout's commit (short hash, ``+dirty`` when tracked files changed) for a result's
+    stamp; ``PAGED_REF_COMMIT`` when set (a copy of the tree without ``.git``, as on a remote
+    GPU machine), else ``"unknown"``."""
+    if os.environ.get("PAGED_REF_COMMIT"):
+        return os.environ["PAGED_REF_COMMIT"]
+    try:
+        run = dict(cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], **run).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def environment() -> dict:
     """Where and when a measurement runs: ``gpu`` (the device name, or the CPU's machine type),
     ``torch``, ``triton``, ``cuda``, ``flashinfer`` (None where not installed), ``python``,
-    ``date``: the keys :func:`stamp` reads back."""
+    ``date``, ``commit``: the keys :func:`stamp` reads back."""
     import torch
     import triton
 
@@ -59,7 +110,7 @@ def environment() -> dict:
            else f"CPU ({platform.machine()})")
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "flashinfer": fi, "python": platform.python_version(),
-            "date": dt.date.today().isoformat()}
+            "date": dt.date.today().isoformat(), "commit": commit()}
 
 
 def write_result(result: dict, path: str | Path) -> Path:

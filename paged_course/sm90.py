@@ -5,7 +5,7 @@ NVIDIA's ``cuobjdump``. :func:`compile_sm90` specialises the kernel as a launch 
 argument values would (a pointer is 16-byte aligned; an integer equal to 1 becomes a constant,
 one divisible by 16 is marked so); :func:`sass_report` reads the machine code (SASS): registers
 a thread, shared memory, instruction counts. Used by ``tools/sass_mix.py`` and
-``tools/gpu/fp8_pv_probe.py --ptx``. Needs ``TRITON_INTERPRET=0`` (set before triton is
+``tools/prefill_sm90.py``. Needs ``TRITON_INTERPRET=0`` (set before triton is
 imported): the interpreter has no compiler.
 """
 

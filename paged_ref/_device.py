@@ -39,7 +39,7 @@ def current_stream_handle(device_index: int) -> int:
     """The handle (``cudaStream_t`` as an int) of ``device_index``'s current CUDA stream, to
     pass to a launch. Taken as Triton's launcher takes it (~0.3 us): ``torch.cuda.
     current_stream(i).cuda_stream`` builds a Stream object first, ~20 us of host time on the
-    H200 machine's host (``benchmarks/README.md``, eighth session)."""
+    H200 machine's host (``docs/lab_notes.md``)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:  # (a torch built without CUDA; nothing is launched there)
         return torch.cuda.current_stream(device_index).cuda_stream

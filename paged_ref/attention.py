@@ -7,7 +7,7 @@ It checks the inputs (see :mod:`paged_ref.validation`), asks :func:`paged_ref.pl
 * ``"triton"``       one-pass Triton paged decode kernel;
 * ``"triton_split"`` split-KV Triton kernel + log-sum-exp merge;
 * ``"cuda"``         the hand-written CUDA kernels for FP8 / INT4 caches
-                     (:mod:`paged_ref.kernels.cuda_fp8`; a GPU with nvcc);
+                     (:mod:`paged_ref.kernels.cuda`; a GPU with nvcc);
 * ``"auto"``         the fastest valid backend for the inputs and the device.
 
 With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made

@@ -12,7 +12,7 @@ from :meth:`paged_ref.KVCacheManager.slot_mapping` / ``append_slot``)::
 Backends: ``"torch"`` (``index_copy_`` on the slot view), ``"triton"`` (a store kernel, one
 program per token, as vLLM's ``reshape_and_cache_flash``), ``"auto"`` (``"triton"`` on a GPU,
 ``"torch"`` elsewhere: on the H200, 16,384 tokens of K/V into shuffled slots, the store kernel
-runs at 3.5 TB/s and ``index_copy_`` at 1.2 TB/s; ``benchmarks/h200/prefill.json``). Unlike
+runs at 3.5 TB/s and ``index_copy_`` at 1.2 TB/s; ``results/h200/prefill.json``). Unlike
 :meth:`paged_ref.PagedKVCache.write` (lists of Python ints, for lessons) this takes tensors and
 reads the slots back once for the checks.
 """

@@ -41,7 +41,7 @@ class DecodePlan:
     ``backend`` is the kernel that runs: ``"torch"``, ``"triton"`` (one pass),
     ``"triton_split"`` (``split`` chunks; a one-chunk split is the one-pass kernel, so it is
     ``"triton"`` here) or ``"cuda"`` (the hand-written FP8 / INT4 kernels, ``cuda`` their
-    :class:`~paged_ref.kernels.cuda_fp8.CudaDecodePlan`, for the cache format ``kv_format``).
+    :class:`~paged_ref.kernels.cuda.CudaDecodePlan`, for the cache format ``kv_format``).
     Lengths up to ``max_seq_len`` are covered.
     """
 
@@ -58,7 +58,7 @@ class DecodePlan:
     split: object | None = None  # kernels.triton_split.SplitPlan
     scratch: object | None = None  # kernels.triton_split.SplitScratch
     kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
-    cuda: object | None = None  # kernels.cuda_fp8.CudaDecodePlan (backend "cuda")
+    cuda: object | None = None  # kernels.cuda.CudaDecodePlan (backend "cuda")
 
 
 def check_backend_usable(backend: str, device: torch.device) -> None:
@@ -87,7 +87,7 @@ def dispatch(backend: str, device: torch.device, *, batch: int, num_kv_heads: in
     ``"auto"`` is ``"torch"`` off the GPU (the interpreter is for learning, not speed); on a
     GPU it is the hand-written CUDA kernels when they read the call (``cuda_refusal`` is
     ``None``: an FP8 or INT4 cache on a GPU with nvcc, see
-    :func:`~paged_ref.kernels.cuda_fp8.cuda_refusal`), else the split kernel when
+    :func:`~paged_ref.kernels.cuda.cuda_refusal`), else the split kernel when
     :func:`~paged_ref.kernels.triton.split.plan_split` cuts the longest sequence into more than
     one chunk, else the one-pass kernel. The split's chunk size comes from the current lengths;
     its chunk count covers ``max_seq_len`` (default ``max_len``), so lengths may grow up to it
@@ -135,7 +135,7 @@ def cuda_refusal_for(backend: str, kv_format, dtype: torch.dtype, device: torch.
         return f"backend={backend!r}"
     if torch.device(device).type != "cuda":
         return "they run on a CUDA GPU only"
-    from paged_ref.kernels.cuda_fp8 import cuda_refusal
+    from paged_ref.kernels.cuda import cuda_refusal
 
     return cuda_refusal(kv_format, dtype, device, head_dim=head_dim, group=group,
                         block_size=block_size)
@@ -153,7 +153,7 @@ def make_plan(backend: str, shapes: Shapes, dtype: torch.dtype, device: torch.de
                           max_len=max_len, total_tokens=total_tokens, max_seq_len=max_seq_len,
                           cuda_refusal=refusal)
     if ran == "cuda":
-        from paged_ref.kernels.cuda_fp8 import plan_cuda_for
+        from paged_ref.kernels.cuda import plan_cuda_for
 
         cuda = plan_cuda_for((shapes.batch, shapes.num_q_heads, shapes.head_dim),
                              shapes.block_size, shapes.num_kv_heads, dtype, device, kv_format,

@@ -188,7 +188,7 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, query_s
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths: PrefillLengths):
     """One query row per sequence is a decode step: the decode kernels (with split-KV for long
     sequences) read the cache faster than the prefill kernel's 16-row tiles (on the H200,
-    B64_L4096: 4.28 vs 3.21 TB/s, ``benchmarks/h200/prefill.json``)."""
+    B64_L4096: 4.28 vs 3.21 TB/s, ``results/h200/prefill.json``)."""
     from paged_ref.attention import choose_backend
     from paged_ref.kernels.triton.decode import paged_attention_triton
     from paged_ref.kernels.triton.split import paged_attention_split, plan_for_inputs
@@ -197,7 +197,7 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, lengths: Prefill
     info = Lengths(lengths.max_seq_len, sum(lengths.seq_lens))
     backend = choose_backend(q, k_cache, info)
     if backend == "cuda":  # an FP8 / INT4 cache the hand-written CUDA kernels read
-        from paged_ref.kernels.cuda_fp8 import paged_attention_cuda
+        from paged_ref.kernels.cuda import paged_attention_cuda
 
         return paged_attention_cuda(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                     max_len=info.max_len, total_tokens=info.total_tokens)

@@ -146,16 +146,16 @@ def test_gpu_quantised_every_tile_shape(config, fmt):
 def test_gpu_one_row_per_sequence_over_quantised_cache_runs_cuda_decode(fmt, monkeypatch):
     """backend="auto" hands single query rows over an FP8 / INT4 cache to the decode kernels
     that read it fastest (the CUDA ones); "triton" keeps them in the prefill kernel."""
-    from paged_ref.kernels import cuda_fp8
+    from paged_ref.kernels.cuda import CudaDecodePlan, cuda_kernels_available
 
-    if not cuda_fp8.cuda_fp8_available():
+    if not cuda_kernels_available():
         pytest.skip("no nvcc for the CUDA FP8 / INT4 kernels")
     inp = make_prefill_inputs([1, 300, 4097, 17], [1] * 4, num_q_heads=32, num_kv_heads=8,
                               head_dim=128, dtype=BF16, device="cuda", seed=4,
                               poison="nan").quantized(fmt)
     calls = []
-    run = cuda_fp8.CudaDecodePlan.run
-    monkeypatch.setattr(cuda_fp8.CudaDecodePlan, "run",
+    run = CudaDecodePlan.run
+    monkeypatch.setattr(CudaDecodePlan, "run",
                         lambda self, *a, **k: calls.append(1) or run(self, *a, **k))
     for backend in ("auto", "triton"):
         out = paged_prefill(*inp.args(), backend=backend)

@@ -50,8 +50,8 @@ def test_gpu_quantised_split_any_chunking(num_chunks, fmt):
 @pytest.mark.parametrize("planned_for_format", [False, True])
 def test_gpu_quantised_planned_call_replays_in_a_cuda_graph(fmt, planned_for_format):
     """A plan without ``kv_format`` runs Triton; with it, the CUDA kernels where this machine
-    builds them (tests/test_gpu_cuda_fp8.py checks which); both replay in a CUDA graph with
-    new queries and shorter lengths."""
+    builds them (tests/kernels/cuda/test_decode_gpu.py checks which); both replay in a CUDA
+    graph with new queries and shorter lengths."""
     lens = [300, 4000, 17]
     inp = make_paged_inputs(lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
                             dtype=torch.bfloat16, device="cuda", seed=3).quantized(fmt)
@@ -97,18 +97,18 @@ def test_gpu_bench_timer_sees_the_kernels_not_the_host():
     a flush and a call, the GPU waits for Python and the wait is counted. INT4 on
     B1_L131072 is the shortest large call (~57 us); when ``plan.run`` took 86-94 us of the
     GPU machine's host, the bench read 75 us for it, its CUDA graph 57 us
-    (``benchmarks/h200/host_cost_probe_2026-12-01_before.json``). The same calls replayed as
+    (``results/h200/host_in_the_timer_before.json``). The same calls replayed as
     one CUDA graph cost the host nothing: the two timings must agree."""
     from paged_bench.decode import CASES, SHAPE
     from paged_course.timing import time_ms
-    from paged_ref.kernels import cuda_fp8
+    from paged_ref.kernels import cuda as cuda_kernels
 
-    if not cuda_fp8.cuda_fp8_available():
+    if not cuda_kernels.cuda_kernels_available():
         pytest.skip("needs a GPU with FP8 conversions (sm_89+) and nvcc")
     lens = CASES["B1_L131072"]
     inp = make_paged_inputs(lens, device="cuda", seed=0, **SHAPE).quantized("int4")
     args, out = inp.args(), torch.empty_like(inp.q)
-    plan = cuda_fp8.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
+    plan = cuda_kernels.plan_cuda(*args, max_len=max(lens), total_tokens=sum(lens))
     plan.run(*args, out=out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

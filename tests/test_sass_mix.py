@@ -29,6 +29,6 @@ def test_committed_mix_shows_fp8_reading_v_byte_by_byte():
     """The lesson's claim, in the committed JSON: the FP8 kernels read shared memory with several
     times the plain loads (LDS) of the bf16 kernel, and about as many ldmatrix as it or fewer."""
     rows = {(r["format"], r["tile"], r["warps"]): r for r in json.loads(
-        (ROOT / "benchmarks" / "sm90_sass_mix.json").read_text())["rows"]}
+        (ROOT / "results" / "cpu" / "sm90_sass_mix.json").read_text())["rows"]}
     bf16, fp8 = rows[("bf16", 64, 4)], rows[("fp8", 64, 2)]
     assert fp8["LDS"] > 3 * bf16["LDS"] and fp8["LDSM"] < bf16["LDSM"]

@@ -6,7 +6,7 @@
 
 Each lesson becomes one HTML page (nbconvert's lab template) with its outputs as committed:
 pictures, tables and printed numbers from a CPU run (`make outputs`), and the GPU numbers the
-notebooks read from benchmarks/ (copied next to the pages with exercises/ and solutions/, so
+notebooks read from results/ (copied next to the pages with exercises/ and solutions/, so
 links into them work). Links
 between notebooks point to the HTML pages. Open ``site/index.html`` in a browser, or publish
 the folder as it is (GitHub Pages, any static host).
@@ -53,7 +53,7 @@ def build(out: Path) -> list[tuple[str, str, int]]:
         page = f"notebooks/{path.stem}.html"
         (out / page).write_text(body)
         pages.append((page, title_of(nb), count_images(nb)))
-    for folder in ("benchmarks", "exercises", "solutions"):  # what the pages link to
+    for folder in ("results", "docs", "exercises", "solutions"):  # what the pages link to
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, out / folder, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))
@@ -64,8 +64,8 @@ def build(out: Path) -> list[tuple[str, str, int]]:
         "<!doctype html><meta charset='utf-8'><title>Paged attention &amp; KV-cache kernels"
         "</title><body style='font-family:sans-serif;max-width:48em;margin:2em auto'>"
         "<h1>Paged attention &amp; KV-cache kernels</h1><p>The lessons, executed on a CPU "
-        "against the worked solutions; GPU numbers come from the committed benchmarks "
-        "(<a href='benchmarks/README.md'>benchmarks/</a>). To run them yourself: clone the "
+        "against the worked solutions; GPU numbers come from the committed results "
+        "(<a href='results/README.md'>results/</a>). To run them yourself: clone the "
         f"repository and <code>make lab</code>.</p><ol>{rows}</ol></body>\n")
     return pages
 

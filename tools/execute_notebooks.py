@@ -8,7 +8,7 @@
 So that the course reads without running (on GitHub, in `make site`), the committed notebooks
 carry their outputs. Each notebook runs in a fresh kernel, against the worked solutions
 (``PAGED_REF_IMPL=solutions``), on the CPU (``CUDA_VISIBLE_DEVICES=""``: GPU cells show the
-committed results from benchmarks/). Then the tool
+committed results from results/). Then the tool
 
 - drops what changes from run to run or is useless without a live kernel: widget state, the
   live-widget part of an output (its picture stays, see ``viz.BlockTableExplorer``), execution

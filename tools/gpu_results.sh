@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The committed H200 results: GPU tests, every standard case with every backend and peer, then
 # (optionally, CHUNKS=1) the chunk-count sweep of lesson 05, then the lesson notebooks 03-05
-# run as plain Python with their GPU cells. Writes bench.json/.png, chunks.json/.png and logs
-# to $OUT (copy them to benchmarks/h200/).
+# run as plain Python with their GPU cells. Writes decode.json/.png, chunks.json/.png and logs
+# to $OUT (copy them to results/h200/).
 set -uo pipefail
 bash tools/gpu_run.sh
 export PYTHONPATH=$PWD:/tmp/site
@@ -11,7 +11,7 @@ for impl in solutions exercises; do   # compiled kernels; unsolved stubs must sa
         | tail -1 | sed "s/^/exercises --impl $impl: /"
 done | tee "$OUT/gpu_exercises.log"
 if [ "${CHUNKS:-0}" = 1 ]; then
-    python3 -m paged_bench.decode --cases B1_L131072,B8_L32768,B32_ragged,B4_L2048 \
+    python3 -m paged_bench decode --cases B1_L131072,B8_L32768,B32_ragged,B4_L2048 \
         --backends triton_split --sweep-chunks 1,2,4,8,16,32,64,128,256,512 \
         --out "$OUT/chunks.json" 2>&1 | grep -v "^cases:" | tail -3
 fi

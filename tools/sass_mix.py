@@ -12,7 +12,7 @@ kernel). Lesson 10 prints them next to the H200 times:
 * ``F2FP`` converts e4m3 pairs to float16 pairs; ``HMMA`` is a float16 tensor-core product;
   ``LDGSTS`` an asynchronous copy global -> shared (``cp.async``).
 
-    python tools/sass_mix.py            # writes benchmarks/sm90_sass_mix.json
+    python tools/sass_mix.py            # writes results/cpu/sm90_sass_mix.json
     python tools/sass_mix.py --only bf16 --out /tmp/mix.json
 
 Takes about 10 s on a CPU.
@@ -70,7 +70,7 @@ def compile_decode(fmt: str, tile: int, warps: int, stages: int, prefetch: bool 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="the kernels whose label contains this")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "sm90_sass_mix.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu" / "sm90_sass_mix.json")
     args = parser.parse_args(argv)
     result = dict(environment(), target="sm_90 (compiled on a CPU, no GPU)",
                   shape=dict(SHAPE, num_q_heads=32, num_kv_heads=8, q="bfloat16"), rows=[])

@@ -1,6 +1,6 @@
 """Lesson 07's committed numbers: memory saved by sharing blocks, and a shared system prompt.
 
-    .venv/bin/python tools/sharing_savings.py [--requests 100] [--out benchmarks/cpu/sharing.json]
+    .venv/bin/python tools/sharing_savings.py [--requests 100] [--out results/cpu/sharing.json]
 
 Runs :mod:`paged_course.sharing_sim` (plain Python, the real KVCacheManager; minutes on a
 CPU) and writes one JSON with the savings table (ours next to the PagedAttention paper's) and
@@ -14,14 +14,14 @@ import datetime
 import platform
 
 from paged_course import sharing_sim
-from paged_course.results import write_result
+from paged_course.results import commit, write_result
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024, help="clip prompt + output")
-    parser.add_argument("--out", default="benchmarks/cpu/sharing.json")
+    parser.add_argument("--out", default="results/cpu/sharing.json")
     args = parser.parse_args(argv)
     savings = sharing_sim.saving_table(args.requests, max_len=args.max_len)
     for row in savings:
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
                                 "steps": r.steps})
             print(system_runs[-1])
     result = {"machine": f"CPU ({platform.machine()}), plain Python",
-              "date": datetime.date.today().isoformat(), "requests": args.requests,
+              "date": datetime.date.today().isoformat(), "commit": commit(),
+              "requests": args.requests,
               "max_len": args.max_len,
               "block_size": 16, "datasets": sharing_sim.DATASETS,
               "paper_saving_pct": sharing_sim.PAPER_SAVING,

@@ -10,6 +10,7 @@ import torch
 
 from paged_bench import __main__ as entry
 from paged_bench import common as bench_common
+from paged_course import results
 from paged_course.timing import wall_ms
 
 
@@ -17,7 +18,8 @@ def test_suite_parser_defaults_and_lists():
     p = bench_common.suite_parser("x", "first line\nmore", out="x.json", cases=["a", "b"],
                                   backends=("t", "u"))
     args = p.parse_args([])
-    assert (args.cases, args.backends, args.out) == (["a", "b"], ["t", "u"], Path("x.json"))
+    assert (args.cases, args.backends) == (["a", "b"], ["t", "u"])
+    assert args.out == results.RESULTS / results.gpu_kind() / "x.json"  # what lessons read
     args = p.parse_args(["--cases", "b,", "--backends", "", "--out", "o/r.json"])
     assert (args.cases, args.backends, args.out) == (["b"], [], Path("o/r.json"))
     assert p.description == "first line" and p.prog.endswith("paged_bench x")

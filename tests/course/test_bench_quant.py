@@ -54,30 +54,6 @@ def test_best_marks_each_family_apart():
     assert bench_quant.family(dict(backend="triton_split")) == "ours"
 
 
-def test_quantised_cases_yield_each_case_and_format_with_its_answer(monkeypatch):
-    monkeypatch.setitem(bench_quant.CASES, "tiny", [5, 40])
-    monkeypatch.setitem(bench_quant.CASES, "tinier", [3])
-    seen = []
-    for name, lens, fmt, inp, ref, nbytes in bench_quant.quantised_cases(
-            ["tiny", "tinier"], ["int4", "fp8"], device="cpu"):
-        seen.append((name, fmt))
-        assert lens == bench_quant.CASES[name] and inp.seq_lens.tolist() == lens
-        assert inp.k_cache.format.name == fmt
-        assert ref.dtype == torch.float64
-        assert_close(ref, inp.reference(), rel_tol=1e-12, name=f"{name} {fmt}")
-        assert nbytes == bench_quant.bytes_moved(inp)
-    assert seen == [("tiny", "int4"), ("tiny", "fp8"), ("tinier", "int4"), ("tinier", "fp8")]
-
-
-def test_measured_reports_error_time_and_share_of_copy_bandwidth(monkeypatch):
-    monkeypatch.setattr(bench_quant, "time_ms", lambda fn: 2.0)  # (no GPU: a stand-in timer)
-    ref = torch.ones(4, dtype=torch.float64)
-    row = bench_quant.measured(lambda: torch.full((4,), 1.5), ref, nbytes=10**9, copy_bw=1000.0)
-    assert row["ms"] == 2.0
-    assert abs(row["rel_err"] - 0.5) < 1e-12  # 0.5 off on every element of ones
-    assert abs(row["pct_copy_bw"] - 50.0) < 1e-9  # 1 GB in 2 ms: 500 GB/s of 1000
-
-
 def test_clean_l2_timer_flushes_by_reading_and_times_as_many_calls_as_do_bench(monkeypatch):
     """``clean_l2_ms`` (the bench's ``ms_clean_l2``) must flush with ``read_flush`` before every
     call (zeroing would leave dirty lines: the bias it exists to remove) and time ~200 ms of
@@ -124,22 +100,11 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
     # the committed run: INT4 B64_L4096's best bare reader, and FP8's B1_L131072
     from paged_course import ROOT
 
-    with open(ROOT / "benchmarks/h200/int4_read_probe_2026-12-01.json") as f:
+    with open(ROOT / "results/h200/int4_read_ceiling.json") as f:
         committed = read_ceiling(json.load(f), "B64_L4096")
     assert committed["reader"]["probe"] == "bulk_s3" and committed["reader"]["ms"] < 0.0850
     assert committed["kernel"]["ms"] > committed["reader"]["ms"] > committed["bar_us"] / 1000
-    with open(ROOT / "benchmarks/h200/int4_read_probe_2026-12-01_fp8_b1_b8.json") as f:
+    with open(ROOT / "results/h200/fp8_read_ceiling.json") as f:
         fp8 = read_ceiling(json.load(f), "B1_L131072", "fp8")
     assert fp8["kernel"]["kv_format"] == fp8["reader"]["kv_format"] == "fp8"
     assert fp8["kernel"]["ms"] > fp8["reader"]["ms"] > fp8["bar_us"] / 1000
-
-
-def test_timed_both_ways_times_each_way_and_shares_them(monkeypatch):
-    """The probes' timings: the bench's timer and the clean-L2 one, each as a share of copy
-    bandwidth for the row's bytes (not swapped, not of the other's time)."""
-    monkeypatch.setattr(bench_quant, "time_ms", lambda fn: 0.2)
-    monkeypatch.setattr(bench_quant, "clean_l2_ms", lambda fn: 0.1)
-    got = bench_quant.timed_both_ways(lambda: None, nbytes=400_000_000, copy_bw=4000.0)
-    assert (got["ms"], got["ms_clean_l2"]) == (0.2, 0.1)
-    assert abs(got["pct_copy_bw"] - 50.0) < 1e-9  # 400 MB in 0.2 ms = 2000 GB/s
-    assert abs(got["pct_copy_bw_clean_l2"] - 100.0) < 1e-9

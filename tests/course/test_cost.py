@@ -40,8 +40,8 @@ def test_call_steps_us_names_every_step():
 
 
 def test_committed_results_make_the_table_and_pictures():
-    bench = json.loads((ROOT / "benchmarks/h200/bench.json").read_text())
-    page = json.loads((ROOT / "benchmarks/h200/page_size.json").read_text())
+    bench = json.loads((ROOT / "results/h200/decode.json").read_text())
+    page = json.loads((ROOT / "results/h200/page_size.json").read_text())
     headers, rows = cost.decode_table(bench)
     assert len(headers) == 1 + len(cost.TABLE_COLUMNS) and len(rows) == 6
     assert all("-" not in cell for row in rows for cell in row[1:]), rows

@@ -1,5 +1,5 @@
 """What lesson 09 says of the committed engine runs on SmolLM2's real weights
-(``benchmarks/h200/engine_smollm2_real.json``, ``engine_smollm2_same_machine.json``), checked
+(``results/h200/engine_smollm2_real.json``, ``engine_smollm2_same_machine.json``), checked
 on the JSON: the real weights keep the ordering of the random ones; on one machine, in one
 run, the two models' engine speeds are within 5 %; two machines differ by more than that."""
 
@@ -9,7 +9,7 @@ import json
 
 from paged_course import ROOT
 
-H200 = ROOT / "benchmarks" / "h200"
+H200 = ROOT / "results" / "h200"
 
 
 def rows(name: str) -> dict:

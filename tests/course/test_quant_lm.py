@@ -69,7 +69,7 @@ def test_committed_smollm2_table():
     """The issue's bar on the committed run: >= 2,000 generated tokens and a passage of >= 2,000
     tokens per format; FP8 perplexity within 1 % of the float32 cache's; the baseline agrees
     with itself."""
-    data = json.loads((ROOT / "benchmarks" / "quant_smollm2.json").read_text())
+    data = json.loads((ROOT / "results" / "cpu" / "quant_smollm2.json").read_text())
     rows = {r["kv_format"]: r for r in data["results"]}
     base = rows["float32"]
     assert base["step_agreement"] == 1.0 and base["same_prefix_share"] == 1.0
@@ -87,11 +87,11 @@ def test_bf16_h200_runs_and_the_lesson_reading_of_them(tmp_path, monkeypatch):
     baselines is caught)."""
     from paged_course import quant_study
 
-    h200 = ROOT / "benchmarks" / "h200"
+    h200 = ROOT / "results" / "h200"
     runs = {name: {r["kv_format"]: r for r in json.loads(
-        (h200 / f"quant_smollm2_h200_{name}.json").read_text())["results"]}
+        (h200 / f"quant_smollm2_bf16_{name}.json").read_text())["results"]}
         for name in ("auto", "torch")}
-    kernels = json.loads((h200 / "quant_smollm2_h200_auto.json").read_text())
+    kernels = json.loads((h200 / "quant_smollm2_bf16_auto.json").read_text())
     assert kernels["gpu"] == "NVIDIA H200" and "bfloat16 weights, cuda" in kernels["what"]
     assert all(kernels["decode_kernels"][f] == "cuda" for f in ("fp8", "int4", "fp8_token_head"))
     rows = {r["kv_format"]: r for r in quant_study.bf16_perplexity_rows()}
@@ -105,7 +105,7 @@ def test_bf16_h200_runs_and_the_lesson_reading_of_them(tmp_path, monkeypatch):
     assert (fp8["kernels_pct"] < th["kernels_pct"]) != (fp8["torch_pct"] < th["torch_pct"])
     assert [round(x, 1) for x in fp8["noise_band"]] == [-0.7, 1.7]
     assert round(100 * rows["bfloat16"]["step_agreement"], 2) == 99.76
-    probe = json.loads((h200 / "quant_lm_layer_probe_2026-12-01.json").read_text())["results"]
+    probe = json.loads((h200 / "quant_lm_layer_error.json").read_text())["results"]
     for key, (lo, hi) in (("triton_rel", (1.65e-3, 1.94e-3)), ("torch_rel", (1.65e-3, 1.86e-3))):
         values = [r[key] for r in probe]
         assert round(min(values), 5) == lo and round(max(values), 5) == hi, key

@@ -120,6 +120,26 @@ def mutant_of(module: types.ModuleType, edits, folder, monkeypatch) -> types.Mod
     return mutant
 
 
+def cuda_mutant(source: Path, edits, folder) -> Path:
+    """CUDA sources with planted mistakes: every ``.cu`` / ``.cuh`` file beside ``source`` (a
+    translation unit that includes them) copied into ``folder``, ``edits`` ``[(old, new), ...]``
+    applied (each ``old`` exactly once across the files); returns the copy of ``source``."""
+    source, folder = Path(source), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {p.name: p.read_text() for p in sorted(source.parent.iterdir())
+             if p.suffix in (".cu", ".cuh")}
+    for old, new in edits:
+        holders = {name: text.count(old) for name, text in texts.items() if old in text}
+        assert sum(holders.values()) == 1, (
+            f"{old!r} occurs {sum(holders.values())} times in {source.parent.name}/ "
+            f"({holders}), expected once")
+        (name,) = holders
+        texts[name] = texts[name].replace(old, new)
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    return folder / source.name
+
+
 @contextlib.contextmanager
 def installed_mutant(name: str, mutation: Mutation, folder: Path):
     """Import the mutated solution as ``solutions.<name>`` for the duration of the block.

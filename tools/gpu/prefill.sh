@@ -2,7 +2,7 @@
 # One call on the GPU machine for lesson 08: the compiled prefill kernels against float64, then
 # the prefill benchmark (with the tile-shape sweep). Results and logs go to $OUT.
 #   bash tools/gpu/prefill.sh [bench arguments...]
-# FlashInfer and its tvm-ffi dependency travel as wheels (see benchmarks/README.md); the caller
+# FlashInfer and its tvm-ffi dependency travel as wheels (see docs/gpu.md); the caller
 # puts them on PYTHONPATH and sets CUDA_HOME for FlashInfer's JIT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}

@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/quant_out}; mkdir -p "$OUT"
 LOG="$OUT/quant_gpu.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOG"
-timeout "${TEST_SECONDS:-90}" python3 -m pytest tests/test_gpu_quant.py tests/test_gpu_cuda_fp8.py \
+timeout "${TEST_SECONDS:-90}" python3 -m pytest tests/test_gpu_quant.py tests/kernels/cuda/test_decode_gpu.py \
     -q -o addopts= -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -6
 timeout "${BENCH_SECONDS:-135}" python3 -m paged_bench quant --out "$OUT/quant.json" \
     --flashinfer-cases B64_L4096,B8_L32768,B256_L1024 \

@@ -10,7 +10,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl_model gguf==0.19.0
 # Call 1 (carry .model/part0):  STAGE=first bash tools/gpu/smollm2.sh
 # Call 2 (carry .model/part1 .whl_model build/cubins.tar.xz):  bash tools/gpu/smollm2.sh
-#   STEPS="test notebook engine quant probe" chooses what the second call runs; QUANT_BACKEND,
+#   STEPS="test notebook engine quant" chooses what the second call runs; QUANT_BACKEND,
 #   QUANT_FORMATS and QUANT_PROMPTS the quant step's scoring backend, formats and prompts;
 #   NOTEBOOKS the lessons the notebook step runs (09); ENGINE_SHAPES / ENGINE_SYSTEMS the engine
 #   suite's shapes (smollm2-135m-real) and systems (all three).
@@ -53,8 +53,6 @@ for step in ${STEPS:-test notebook engine quant}; do
                --formats "${QUANT_FORMATS:-base,fp8,int4,fp8_token_head,int4_g64}" \
                --out "$OUT/quant_smollm2_h200_$b.json" 2>&1 | tee "$OUT/quant_smollm2_h200_$b.log" \
                | tail -7 ;;
-    probe) timeout 300 python3 tools/gpu/quant_lm_layer_probe.py \
-               --out "$OUT/quant_lm_layer_probe.json" 2>&1 | tail -3 ;;
     esac
 done
 echo "done in $(( $(date +%s) - t0 )) s"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lesson 11 on a two-GPU machine (kind nvidia-h200-x2): NCCL correctness, then the transfer
-# benchmark. Writes gpu_two_tests.log and transfer.json to $OUT (commit to benchmarks/h200x2/).
+# benchmark. Writes gpu_two_tests.log and transfer.json to $OUT (commit to results/h200x2/).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -2,7 +2,7 @@
 
 ``kernel[grid](*args)`` cost 31.5 us of host time in Triton 3.6 for ``split_kv_kernel``'s ~40
 arguments on the host of a two-H200 machine (tools/gpu/launch_probe.py,
-benchmarks/h200/launch_probe.json):
+results/h200/launch_path.json):
 
 * 9.7 us in the *binder*, which reads every argument's specialisation (dtype of each tensor,
   16-byte alignment of each pointer, integers equal to 1 or divisible by 16): the compiled

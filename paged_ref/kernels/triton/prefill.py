@@ -20,7 +20,7 @@ FlashAttention-2 loop. The causal diagonal is handled per tile, in two loops:
 A query row ``i`` of a sequence with ``q_len`` queries and ``seq_len`` cached tokens is token
 ``seq_len - q_len + i``: the cached prefix simply shifts the diagonal.
 
-Measured on an H200 (``benchmarks/h200/prefill.json``; bf16, 32 q / 8 KV heads, D 128): 357-448
+Measured on an H200 (``results/h200/prefill.json``; bf16, 32 q / 8 KV heads, D 128): 357-448
 TFLOP/s, 0.84-0.90x FlashInfer's paged prefill, 52-65 % of the dense matmul rate. What is left is
 the inner loop: the K/V tiles are gathered with pointer loads (rows of different blocks are not
 one rectangle for TMA) and Triton 3.6 does not warp-specialise this loop on Hopper, so the
@@ -78,7 +78,7 @@ def default_config(head_dim: int, dtype: torch.dtype, *,
     if head_dim > 128 or dtype == torch.float32:
         return PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     # H200, bf16, D 128, GQA 4: 256 x 64 tiles, 8 warps, 3 pipeline stages was the best of
-    # eleven shapes on each of the four prefill cases (benchmarks/h200/prefill.json, sweep).
+    # eleven shapes on each of the four prefill cases (results/h200/prefill.json, sweep).
     return PrefillConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)
 
 

@@ -55,7 +55,7 @@ CHUNK_TILE = 16
 #: a step.
 MERGE_TILE_ELEMENTS = 8192
 #: Plans with at most this many chunks merge inside the split kernel (one launch). 0: never.
-#: Measured on an H200 (benchmarks/h200/bench.json, 2026-11-30, fused for B4_L2048, B8_L32768,
+#: Measured on an H200 (results/h200/decode.json, 2026-11-30, fused for B4_L2048, B8_L32768,
 #: B32_ragged): slower than the separate merge kernel of the previous run (chunks.json) on each:
 #: B4_L2048 0.0203 vs 0.0134 ms replayed from a CUDA graph, B8 93.6 vs 95.5 %, B32_ragged
 #: 84.8 vs 90.5 % of copy bandwidth; the last program's serial merge (and the merge code's
@@ -64,7 +64,7 @@ FUSED_MERGE_MAX_CHUNKS = 0
 #: ...but outside a CUDA graph a launch costs host time, and a small call is bound by it: plans
 #: with at most this much work (tokens x KV heads) merge inside the split kernel when run
 #: eagerly, and use the second kernel when captured. Measured on an H200 (B4_L2048, 65,536
-#: token-heads, planned eager calls): 0.0291 ms fused (benchmarks/h200/bench.json) vs 0.0345 ms
+#: token-heads, planned eager calls): 0.0291 ms fused (results/h200/decode.json) vs 0.0345 ms
 #: with the merge kernel (bench_separate_merge.json); replayed from a graph, 0.0291 vs 0.0226.
 EAGER_FUSED_MAX_WORK = 1 << 17
 

@@ -1,0 +1,220 @@
+"""Write ``results/README.md``, the results page: one table per suite, read from the committed
+JSON files (so the page and the files cannot disagree), and an index of every file.
+
+    python tools/results_page.py            # rewrite results/README.md
+    python tools/results_page.py --check    # exit 1 if it is stale (tests/repo runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+PAGE = RESULTS / "README.md"
+
+#: One line per file: what it holds and who reads it (every file under results/ is listed).
+FILES = {
+    "h200/decode.json": "decode suite: every case, backend and peer (lessons 04-08, README)",
+    "h200/decode.png": "plot of decode.json",
+    "h200/decode_gather.json": "decode run with the `torch` gather backend's rows (lesson 03)",
+    "h200/decode_launch_path.json": "decode after the GPU-side checks and short launch path (06)",
+    "h200/launch_path.json": "host microseconds inside one Triton launch, B4_L2048 (06)",
+    "h200/page_size.json": "block sizes 1-256 on B64_L4096 (06)",
+    "h200/chunks.json": "split-KV chunk-count sweep (05)",
+    "h200/tune_configs.json": "tile x warps x stages sweep of the Triton kernels (05)",
+    "h200/prefill.json": "prefill suite: TFLOP/s vs FlashInfer and SDPA, tile sweep (08)",
+    "h200/prefill_quant.json": "prefill over FP8 / INT4 caches (10)",
+    "h200/quant.json": "quant suite: decode over FP8 / INT4 caches, Triton, CUDA, FlashInfer (10)",
+    "h200/quant.png": "plot of quant.json",
+    "h200/quant_clean_l2.json": "quant run timed with a clean L2 as well (10c)",
+    "h200/engine.json": "engine suite: throughput, decode step, fit sweep, random weights (09)",
+    "h200/engine.png": "plot of engine.json",
+    "h200/engine_smollm2_real.json": "engine suite on SmolLM2's real bf16 weights (09)",
+    "h200/engine_smollm2_same_machine.json": "real vs random weights, one machine, one run (09)",
+    "h200/engine_formats.json": "the same KV memory in each cache format, in the engine (10)",
+    "h200/format_step.json": "each format's decode step and kernels a layer (10)",
+    "h200/quant_smollm2_bf16_auto.json": "SmolLM2 bf16 perplexity per format, kernels (10)",
+    "h200/quant_smollm2_bf16_torch.json": "the same scored by the torch backend (10)",
+    "h200/quant_lm_layer_error.json": "attention error on SmolLM2's own q/K/V (10)",
+    "h200/offload.json": "copy a cached prefix back from host vs recompute it (07)",
+    "h200/fp8_read_rows.json": "FP8 read-only and stripped kernels (10a)",
+    "h200/fp8_kv_halves.json": "FP8 K and V formats mixed: which half is slow (10a)",
+    "h200/fp8_pv_paths.json": "ways to compute p @ V with FP8 V in Triton (10a)",
+    "h200/fp8_pv_paths_small.json": "the same, V transposed, small launch shapes (10a)",
+    "h200/triton_quant_regs.json": "Triton tile / warps / stages / register cap, quantised (10a)",
+    "h200/triton_quant_prefetch.json": "register prefetch vs Triton's pipeline (10a)",
+    "h200/cuda_launch_sweep.json": "CUDA kernels: chunks x stages x warps (10b)",
+    "h200/fp8_copy_paths.json": "FP8 copy paths, reads only: padded, swizzled, TMA (10b)",
+    "h200/int4_tma_ab.json": "INT4 TMA ring vs per-warp ring (10b)",
+    "h200/short_call_fixed_cost.json": "fixed cost of a short call, 16k-256k tokens (10c)",
+    "h200/copy_ceiling_by_size.json": "a plain copy of each case's bytes (10c)",
+    "h200/int4_read_ceiling.json": "read-only paged INT4 readers: the cache's ceiling (10c)",
+    "h200/fp8_read_ceiling.json": "the same for FP8, B1 and B8 (10c)",
+    "h200/host_in_the_timer.json": "host time inside the bench's timer, after the fix (10c)",
+    "h200/host_in_the_timer_before.json": "the same, before it (10c)",
+    "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
+    "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
+    "cpu/quant_accuracy.json": "attention error per KV format (10)",
+    "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
+    "cpu/quant_smollm2_noise.json": "bf16 perplexity under attention noise (10)",
+    "cpu/sm90_sass_mix.json": "SASS instruction mix of the Triton decode kernels, sm_90 (10a)",
+}
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def stamp(d: dict) -> str:
+    versions = ", ".join(f"{k} {d[k]}" for k in ("torch", "triton", "flashinfer") if d.get(k))
+    return f"*{d['gpu']}, {d['date']}, commit `{d.get('commit', '?')}`; {versions}.*"
+
+
+def best(rows, case, backend):
+    rows = [r for r in rows if r["case"] == case and r["backend"] == backend and not r.get("sweep")]
+    return min(rows, key=lambda r: r["ms"]) if rows else None
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def cases_of(rows) -> list[str]:
+    return list(dict.fromkeys(r["case"] for r in rows))
+
+
+def decode_section() -> str:
+    d = load("h200/decode.json")
+    cols = ["auto", "auto_planned", "auto_graph", "sdpa_contiguous", "flashinfer"]
+    rows = []
+    for case in cases_of(d["results"]):
+        cells = []
+        for b in cols:
+            r = best(d["results"], case, b)
+            cells.append("-" if r is None else f"{r['ms']:.4f} ({r['pct_copy_bw']:.0f} %)")
+        rows.append([case, *cells])
+    return (f"## Decode (`python -m paged_bench decode`)\n\n{stamp(d)} ms and % of copy bandwidth "
+            f"({d['copy_bw_gbps']:.0f} GB/s). `auto`: the public call without a plan (checks "
+            "included); `auto_planned`: with `plan_decode`; `auto_graph`: replayed from a CUDA "
+            "graph; the peers on the same inputs.\n\n" + table(["case", *cols], rows))
+
+
+def prefill_section() -> str:
+    d = load("h200/prefill.json")
+    cols = ["auto", "triton", "flashinfer", "sdpa_contiguous"]
+    rows = []
+    for case in cases_of(d["results"]):
+        found = [best(d["results"], case, b) for b in cols]
+        if not any(r and r.get("tflops") for r in found):
+            continue
+        rows.append([case, *("-" if r is None or not r.get("tflops") else f"{r['tflops']:.0f}"
+                             for r in found)])
+    return (f"## Prefill (`python -m paged_bench prefill`)\n\n{stamp(d)} TFLOP/s (causal FLOPs "
+            f"counted exactly; dense bf16 matmul {d['matmul_tflops']:.0f}).\n\n"
+            + table(["case", *cols], rows))
+
+
+def quant_section() -> str:
+    d = load("h200/quant.json")
+    fams = [("bf16", "triton"), ("fp8", "triton"), ("fp8", "cuda"), ("int4", "triton"),
+            ("int4", "cuda"), ("fp8", "flashinfer")]
+    rows = []
+    for case in cases_of(d["results"]):
+        cells = []
+        for fmt, who in fams:
+            got = [r for r in d["results"] if r["case"] == case
+                   and r.get("kv_format", "bf16") == fmt and r["backend"].startswith(who)
+                   and not r.get("sweep")]
+            cells.append(f"{min(r['ms'] for r in got):.4f}" if got else "-")
+        rows.append([case, *cells])
+    return (f"## Quantised caches (`python -m paged_bench quant`)\n\n{stamp(d)} ms per call, "
+            "best row of each family.\n\n"
+            + table(["case", *(f"{f} {w}" for f, w in fams)], rows))
+
+
+def engine_section() -> str:
+    d = load("h200/engine.json")
+    rows = [[t["shape"], f"{t['engine']['output_tok_s']:,.0f}",
+             f"{t['generate_batch']['output_tok_s']:,.0f}" if t.get("generate_batch") else "-",
+             f"{t['static_generate']['output_tok_s']:,.0f}" if t.get("static_generate") else "-",
+             f"{t['engine']['mean_ttft_s']:.2f}"] for t in d["throughput"]]
+    steps = [[s["shape"], str(s["batch"]), f"{s['graph_ms']:.2f}", f"{s['roofline_ms']:.2f}",
+              f"{s['x_roofline_graph']:.2f}"] for s in d["decode_step"] if s.get("graph_ms")]
+    return (f"## Engine (`python -m paged_bench engine`)\n\n{stamp(d)} {d['num_requests']} "
+            f"requests x {d['output_len']} new tokens, random bf16 weights; output tok/s.\n\n"
+            + table(["shape", "engine", "generate_batch", "static batches", "engine TTFT s"],
+                    rows)
+            + "\n\nOne decode step replayed from its CUDA graph against its roofline (weights + "
+              "KV bytes at copy bandwidth):\n\n"
+            + table(["shape", "batch", "ms", "roofline ms", "x roofline"], steps))
+
+
+def transfer_section() -> str:
+    d = load("h200x2/transfer.json")
+    rows = [[r["case"], r["backend"], f"{r['ms']:.3f}", f"{r['gbps']:.0f}",
+             f"{r['pct_nccl_bw']:.0f}"] for r in d["results"]
+            if r["backend"] == "transfer_packed"]
+    return (f"## Two GPUs (`python -m paged_bench transfer`)\n\n{stamp(d)} NCCL send/recv "
+            f"{d['nccl_sendrecv_gbps']:.0f} GB/s.\n\n"
+            + table(["prompt", "how", "ms", "GB/s", "% of NCCL"], rows)
+            + "\n\nPer layer and per block: lesson 11 and the file.")
+
+
+def sharing_section() -> str:
+    d = load("cpu/sharing.json")
+    rows = [[r["dataset"], r["method"], str(r["n / width"]), f"{r['saving %']:.1f}",
+             r["paper % (OPT-13B, n/width 2-6)"]] for r in d["savings"]]
+    return ("## Sharing blocks (`python tools/sharing_savings.py`, CPU)\n\n"
+            f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`.* Memory saved by "
+            "sharing, simulated with the real `KVCacheManager`, next to the paper's Fig. 15."
+            "\n\n" + table(["dataset", "method", "n / width", "saved %", "paper %"], rows))
+
+
+def index_section() -> str:
+    listed = sorted(FILES)
+    return ("## Every file\n\n" + table(["file", "what (who reads it)"],
+                                        [[f"`{f}`", FILES[f]] for f in listed]))
+
+
+def page() -> str:
+    parts = ["# Results\n\nThe current measurements the lessons and the README read: one JSON "
+             "(+ plot) per suite and GPU kind, each stamped with GPU, versions, date and commit. "
+             "History is git's; what earlier probes found is in "
+             "[docs/lab_notes.md](../docs/lab_notes.md). This page is generated by "
+             "`python tools/results_page.py` from the files.",
+             decode_section(), prefill_section(), quant_section(), engine_section(),
+             transfer_section(), sharing_section(), index_section()]
+    return "\n\n".join(parts) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if results/README.md is stale")
+    args = p.parse_args()
+    missing = sorted(set(FILES) - {str(f.relative_to(RESULTS)) for f in RESULTS.rglob("*")
+                                   if f.is_file() and f.name != "README.md"})
+    unlisted = sorted({str(f.relative_to(RESULTS)) for f in RESULTS.rglob("*")
+                       if f.is_file() and f.name != "README.md"} - set(FILES))
+    if missing or unlisted:
+        print(f"results/ and FILES disagree: missing {missing}, unlisted {unlisted}",
+              file=sys.stderr)
+        return 1
+    text = page()
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            print("results/README.md is stale: run `python tools/results_page.py`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE.relative_to(ROOT)} ({len(text.split())} words)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
