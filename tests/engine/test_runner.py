@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_ref import _device
+
 pytest.importorskip("transformers")
 
 from paged_bench.engine import workload  # noqa: E402
@@ -133,6 +135,11 @@ def test_step_widget_without_ipywidgets_shows_the_last_step(tiny, case, monkeypa
     assert fig._suptitle.get_text() == last and last.startswith(f"step {rec.events[-1].step}:")
 
 
+ON_CPU_TRITON = pytest.mark.skipif(not _device.INTERPRET, reason="Triton on the CPU model: "
+                                   "the interpreter (compiled: test_engine_gpu.py)")
+
+
+@ON_CPU_TRITON
 def test_fused_triton_ops_give_transformers_tokens(tiny, case):
     """The fused Triton kernels (interpreted here) inside the whole engine, prefill and
     decode steps: tokens equal transformers'."""
@@ -163,7 +170,7 @@ def test_projection_biases_and_norm_weights_are_used():
     prompts, outputs = workload(3, cfg.vocab_size, seed=4, prompt_mean=12, output_mean=6,
                                 max_len=30)
     expected = [hf_greedy(model, p, n) for p, n in zip(prompts, outputs, strict=True)]
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "triton") if _device.INTERPRET else ("torch",):
         engine = Engine(model, num_blocks=32, block_size=4, fused_backend=backend)
         assert engine.generate(prompts, outputs, ignore_eos=True) == expected, backend
 

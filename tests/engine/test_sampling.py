@@ -112,6 +112,39 @@ def test_seeded_rows_use_their_own_generator():
     assert again[0] == first[0] and again[2] == first[2]
 
 
+# ---- likely sampler mistakes, planted one at a time: the checks above must fail ------------
+
+PLANTED_SAMPLER = {
+    "top-p drops the token that crosses the threshold": (
+        "probs.cumsum(dim=-1) - probs >= ", "probs.cumsum(dim=-1) >= "),
+    "top-k keeps one token too many": ("[None] >= k[:, None]", "[None] > k[:, None]"),
+    "temperature ignored": ("x = logits.float() / torch.tensor(batch.temperature, device=dev)"
+                            "[:, None]", "x = logits.float()"),
+    "the softmax's weights dropped (uniform draws)": ("(x.softmax(dim=-1) / race",
+                                                      "((x > -1e30) / race"),
+    "seeded rows drawn from the default generator": ("row.exponential_(generator=gen)",
+                                                     "row.exponential_()"),
+}
+
+
+@pytest.mark.parametrize("name", PLANTED_SAMPLER)
+def test_planted_sampler_mistake_is_caught(name, monkeypatch, tmp_path):
+    import sys
+
+    from paged_ref.engine import sampler
+    from tests.mutations.mutate import mutant_of
+
+    mutant = mutant_of(sampler, [PLANTED_SAMPLER[name]], tmp_path, monkeypatch)
+    monkeypatch.setattr(sys.modules[__name__], "sample", mutant.sample)
+    with pytest.raises(AssertionError):
+        for kw in ([dict(temperature=0.8), dict(temperature=1.3, top_k=4),
+                    dict(temperature=1.0, top_p=0.7)]):
+            test_frequencies_follow_the_softmax(kw)
+        for args in ((3, 1.0, 1.0), (0, 0.6, 1.0), (5, 0.8, 0.7), (0, 0.05, 1.0)):
+            test_top_k_top_p_never_draw_outside_their_set(*args)
+        test_seeded_rows_use_their_own_generator()
+
+
 # ---- through the engine ---------------------------------------------------------------------
 
 pytest.importorskip("transformers")
