@@ -175,10 +175,11 @@ class ModelRunner:
         """
         if not step.input_ids:
             return []
-        batch, dev = len(step.seq_lens), self.device
-        if step.is_decode and self.graphs and batch <= max(self.graphs):
+        batch, dev, graphed = len(step.seq_lens), self.device, self._graphed(step)
+        if graphed:  # (a 1-token chunk of a prompt, not its last, runs here but samples not)
             with self._on_device():  # replay on the GPU the graphs belong to
-                tokens, hidden = (t[:batch][step.sample_rows] for t in self._replay(step))
+                tokens, hidden = self._replay(step)  # (hidden: every row, read if sampling)
+            tokens = tokens[:batch][step.sample_rows]
         else:
             ids, pos, slots = torch.tensor([step.input_ids, step.positions,
                                             step.slot_mapping]).to(dev)
@@ -187,9 +188,16 @@ class ModelRunner:
             hidden = self.forward(ids, pos, slots, self._attend(step))[last]
             tokens = self.model.lm_head(hidden).argmax(dim=-1)
         if sampling is not None:
-            rows = torch.tensor(sampling.rows, device=dev)
-            tokens[rows] = sample(self.model.lm_head(hidden[rows]), sampling)
+            # NOTE: a replay's hidden has every row; a 1-token chunk that samples not is the
+            # step's last (the budget ran out), so this maps r to r -- unless that changes
+            at = [step.sample_rows[r] for r in sampling.rows] if graphed else sampling.rows
+            tokens[torch.tensor(sampling.rows, device=dev)] = sample(
+                self.model.lm_head(hidden[torch.tensor(at, device=dev)]), sampling)
         return tokens.tolist()
+
+    def _graphed(self, step: StepInputs) -> bool:
+        """Whether ``step`` replays a CUDA graph: one token a request, a bucket that fits."""
+        return step.is_decode and bool(self.graphs) and len(step.seq_lens) <= max(self.graphs)
 
     def _attend(self, step: StepInputs):
         """``attend(layer, q)`` for :meth:`forward`: decode (planned) or prefill attention."""
