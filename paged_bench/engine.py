@@ -16,8 +16,9 @@ file and the ``gguf`` package; the speed should be that of the random-weight sha
 Reported per system: output tokens/s, mean time to first token, most requests held at once.
 Then the decode step of the engine at batch 256 against its roofline, ``(weight bytes + KV
 bytes read) / copy bandwidth``; then "more requests fit": the engine with a paged pool against
-the same engine allowed only ``budget // max_len`` requests at once (what reserving the maximum
-length per request allows), across KV budgets, next to lesson 01's simulation.
+the same engine reserving ``max_len`` tokens' blocks per request (``reservation="reserve_max"``,
+Orca Max: ``budget // max_len`` requests at once), across KV budgets, next to lesson 01's
+simulation.
 
 Writes ``engine.json`` (+ ``engine.png``) to ``--out``. On a CPU it says so and stops.
 """
@@ -239,14 +240,14 @@ def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size
     rows = []
     for budget in budgets_tokens:
         num_blocks = budget // block_size
-        for mode, seqs in (("paged", 256), ("reserve_max", max(1, budget // max_len))):
+        for mode in ("paged", "reserve_max"):  # (reserve_max: max_len tokens' blocks each)
             from paged_ref.engine import Engine
 
             engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
-                            max_num_seqs=seqs, max_model_len=max_len)
+                            max_num_seqs=256, max_model_len=max_len, reservation=mode)
             engine.generate(prompts, outputs, ignore_eos=True)
             s = engine.stats
-            rows.append({"kv_budget_tokens": budget, "mode": mode, "max_num_seqs": seqs,
+            rows.append({"kv_budget_tokens": budget, "mode": mode, "max_num_seqs": 256,
                          "max_requests_held": s.max_running,
                          "output_tok_s": s.output_tokens_per_s, "preemptions": s.preemptions,
                          "simulated_mean_running": simulate(

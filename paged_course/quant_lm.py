@@ -28,6 +28,7 @@ import torch
 
 from paged_course.results import environment
 from paged_ref.cache_math import blocks_needed
+from paged_ref.prefill import paged_prefill
 
 PASSAGE = Path(__file__).resolve().parents[1] / "data" / "passage.txt"
 FORMATS = (None, "fp8", "int4", "fp8_token_head", "int4_g64")
@@ -57,7 +58,6 @@ def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 51
     ``backend`` is ``paged_prefill``'s ("torch", or "auto": the Triton kernel on a GPU).
     ``noise`` > 0 multiplies every attention output element by ``1 + noise * N(0, 1)`` (seeded
     by ``seed``): rounding of about that relative size, as another kernel's would be."""
-    from paged_ref.engine import ops
     from paged_ref.engine.runner import ModelRunner
 
     n = len(token_ids)
@@ -77,8 +77,8 @@ def score_tokens(model, token_ids: list[int], *, kv_format=None, chunk: int = 51
 
         def attend(i, q, seq_lens=seq_lens, starts=starts):
             k_cache, v_cache = runner.cache.layer(i)
-            out = ops.prefill_attention(q, k_cache, v_cache, table, seq_lens, starts,
-                                        scale=runner.scale, backend=backend)
+            out = paged_prefill(q, k_cache, v_cache, table, seq_lens, starts, scale=runner.scale,
+                                backend=backend)
             if noise:
                 jitter = torch.randn(out.shape, generator=gen).to(out.device)
                 out = (out.float() * (1 + noise * jitter)).to(out.dtype)

@@ -1,111 +1,67 @@
-"""``Engine``: continuous-batching greedy generation over the paged KV cache.
-
-    from paged_ref.engine import Engine, load_smollm2
-    model, tokenizer = load_smollm2()
-    engine = Engine(model, num_blocks=256, block_size=16)
-    outputs = engine.generate([tokenizer.encode("Hello"), ...], max_new_tokens=32)
-
-Each call of :meth:`Engine.generate` queues the prompts and runs steps until every request is
-done. A step is: the scheduler picks chunks (:mod:`paged_ref.engine.scheduler`), the engine
-lays them out as one flat batch, the runner computes them (:mod:`paged_ref.engine.runner`),
-the sampled tokens go back to the scheduler. ``on_step`` sees a :class:`StepEvent` after each
-step (which requests ran, their block tables, free blocks): the lesson's explorer follows it.
+"""``Engine``: continuous batching over the paged KV cache, online (vLLM's ``LLMEngine``
+calls: ``add_request``, ``step``, ``abort``, ``has_unfinished_requests``) and offline
+(``generate``, a loop over them). A step: the scheduler picks chunks, the engine lays them out
+as one flat batch, the runner computes them and picks the tokens, the scheduler records them.
+If anything raises inside a step, the requests it scheduled are aborted (blocks freed, hashes of
+blocks never written dropped) and the exception propagates; ``generate`` aborts all of its own.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
+from paged_ref import _device
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import ops
-from paged_ref.engine.request import Request
+from paged_ref.engine.policy import reserved_tokens
+from paged_ref.engine.request import (
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    RunStats,
+    Status,
+    StepEvent,
+    as_token_ids,
+)
 from paged_ref.engine.runner import ModelRunner, StepInputs
-from paged_ref.engine.scheduler import Scheduler, SchedulerOutput
+from paged_ref.engine.sampler import SamplingBatch
+from paged_ref.engine.sampling_params import SamplingParams
+from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
 
 #: Show a progress bar when a call generates at least this many tokens (``progress=None``).
 PROGRESS_MIN_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """What one step did. Requests are named by their index in ``generate``'s ``prompts``.
-
-    ran: ``(request, first token, tokens computed)`` per chunk; admitted / preempted /
-    finished: request indices; new_tokens: request -> token sampled this step;
-    block_tables / seq_lens: every running request's blocks and length after the step
-    (only when someone listens); num_free_blocks: free (or evictable) blocks after the step.
-    """
-
-    step: int
-    ran: list[tuple[int, int, int]]
-    admitted: list[int]
-    preempted: list[int]
-    finished: list[int]
-    new_tokens: dict[int, int]
-    block_tables: dict[int, list[int]]
-    seq_lens: dict[int, int]
-    num_free_blocks: int
-    num_blocks: int
-    block_size: int
-    cached_tokens: int
-    seconds: float
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens computed this step (the batch size in tokens)."""
-        return sum(n for _, _, n in self.ran)
-
-    @property
-    def is_decode(self) -> bool:
-        return all(n == 1 for _, _, n in self.ran)
-
-
-@dataclass
-class RunStats:
-    """Totals of the last ``generate`` call."""
-
-    steps: int = 0
-    prompt_tokens: int = 0
-    computed_tokens: int = 0  #: prompt + recomputed + decode tokens run through the model
-    cached_tokens: int = 0  #: prompt tokens served by the prefix cache instead
-    output_tokens: int = 0
-    preemptions: int = 0
-    max_running: int = 0  #: most requests holding blocks at once
-    seconds: float = 0.0
-    ttft_s: list[float] = field(default_factory=list)  #: time to first token per request
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds if self.seconds else 0.0
+#: ``attention_backend`` / ``fused_backend`` values.
+BACKENDS = ("auto", "torch", "triton")
 
 
 class Engine:
-    """Greedy generation for many prompts at once over a paged KV cache.
+    """Generation for many requests at once over a paged KV cache.
 
     Args:
-        model: a transformers Llama-family causal LM (``LlamaForCausalLM``); its modules are
-            used as they are, so one model may back several engines (each keeps a fused copy
-            of the q/k/v and gate/up weights: see :class:`~paged_ref.engine.runner.ModelRunner`).
-        num_blocks: blocks in the KV pool (each ``block_size`` tokens of every layer's K and V).
-        block_size: tokens per block.
+        model: a transformers Llama-family causal LM; its modules are used as they are (one
+            model may back several engines).
+        num_blocks, block_size: the KV pool: blocks of ``block_size`` tokens (every layer's K, V).
         enable_prefix_caching: requests whose prompts start alike share those blocks.
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: most tokens computed in one step (prefill chunks + decodes).
         preemption_mode: ``"recompute"`` (free the victim's blocks) or ``"swap"``.
-        attention_backend: ``"auto"``, ``"torch"`` or ``"triton"``.
-        cuda_graphs: capture decode steps in CUDA graphs (default: on a GPU).
-        max_model_len: longest request (prompt + output); default the model's context or
+        attention_backend, fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"``, ``"triton"``
+            (the attention kernels; the runner's fused layer ops).
+        cuda_graphs: capture decode steps in CUDA graphs (default: on a GPU; True needs one).
+        max_model_len: longest request (prompt + output), >= 1; default the model's context or
             the pool, whichever is smaller.
-        eos_token_id: stop token(s); default the model's ``generation_config``.
+        eos_token_id: stop token(s), ints; default the model's ``generation_config``'s.
         kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
-        fused_backend: the runner's fused layer ops, ``"auto"`` (Triton on a GPU, torch
-            elsewhere), ``"torch"`` or ``"triton"``.
+        reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves up front:
+            ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"`` (``policy.py``).
+
+    Raises:
+        TypeError / ValueError: before any work, for an argument of the wrong type or value, or
+            a backend or ``cuda_graphs`` that cannot run on the model's device here.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16,
@@ -114,33 +70,124 @@ class Engine:
                  attention_backend: str = "auto", cuda_graphs: bool | None = None,
                  max_model_len: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
-                 kv_format: str | None = None, fused_backend: str = "auto") -> None:
+                 kv_format: str | None = None, fused_backend: str = "auto",
+                 reservation: str = "paged") -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
-        num_blocks = check_int("num_blocks", num_blocks, minimum=1)
-        block_size = check_int("block_size", block_size, minimum=1)
-        self.model = model
-        self.vocab_size = model.config.vocab_size
+        self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+        self.block_size = check_int("block_size", block_size, minimum=1)
+        check_backends(next(model.parameters()).device, attention_backend, fused_backend,
+                       cuda_graphs)
+        self.model, self.vocab_size = model, model.config.vocab_size
         context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-        self.max_model_len = check_int(
-            "max_model_len", max_model_len or min(context, num_blocks * block_size), minimum=1)
-        self.scheduler_args = dict(max_num_seqs=max_num_seqs,
+        self.max_model_len = (min(context, num_blocks * block_size) if max_model_len is None
+                              else check_int("max_model_len", max_model_len, minimum=1))
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id",
+                                   None)
+        if eos_token_id is None:
+            eos_token_id = getattr(model.config, "eos_token_id", None)
+        self.eos_ids = frozenset(() if eos_token_id is None else
+                                 as_token_ids("eos_token_id", eos_token_id, scalar=True))
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
-                                   preemption_mode=preemption_mode)
-        self.scheduler = Scheduler(num_blocks, block_size, **self.scheduler_args)
+                                   preemption_mode=preemption_mode, reservation=reservation,
+                                   max_model_len=self.max_model_len)
         self.runner = ModelRunner(model, num_blocks, block_size,
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                                   kv_format=kv_format, fused_backend=fused_backend)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.eos_ids = self._eos_ids(model, eos_token_id)
+        self.requests: dict[int, Request] = {}  #: the unfinished requests by id
         self.stats = RunStats()
         self._next_id = 0
+        self._last: tuple = ()  # the last step's (SchedulerOutput, finished, tokens, seconds)
 
-    # ---- the public call --------------------------------------------------------------------
+    # ---- the online calls (vLLM's LLMEngine) ------------------------------------------------
+
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, *,
+                    arrival_time: float | None = None) -> int:
+        """Queue a request; it joins the running batch at a later :meth:`step`.
+
+        Args:
+            prompt_ids: its token ids: a list of ints, or a 1-D integer tensor / NumPy array.
+            params: how it samples and stops (default ``SamplingParams()``: greedy, 16 tokens).
+            arrival_time: when it arrived (``time.perf_counter()`` s; default now).
+
+        Returns:
+            Its request id (ints in arrival order). TypeError / ValueError: as ``generate``'s.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        ids = self._check_prompt("prompt_ids", prompt_ids, params.max_tokens)
+        if arrival_time is not None and not isinstance(arrival_time, (int, float)):
+            raise TypeError(f"arrival_time must be a float, got {arrival_time!r}")
+        return self._add(ids, params, time.perf_counter() if arrival_time is None
+                         else float(arrival_time))
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step of the unfinished requests' work.
+
+        Returns:
+            A :class:`RequestOutput` per request that got a token (extended or finished).
+
+        Raises:
+            Whatever the step raised (the model, a kernel, a policy function, ``Ctrl-C``),
+            after aborting the requests it had scheduled (see the module doc).
+        """
+        t0 = time.perf_counter()
+        sched, cache, out, applied = self.scheduler, self.runner.cache, None, False
+        try:
+            out = sched.schedule()
+            cache.apply_block_ops(out.block_ops)  # before the step writes any K/V
+            applied = True
+            step = self._layout(out)
+            reqs = [out.chunks[b].request for b in step.sample_rows]
+            tokens = self.runner.execute(step, self._sampling(reqs))
+            now = time.perf_counter()
+            new_tokens = {r.req_id: t for r, t in zip(reqs, tokens, strict=True)}
+            finished = sched.update(out, new_tokens)
+        except BaseException:
+            if out is not None:  # (a failed schedule rolled itself back)
+                if not applied:
+                    cache.apply_block_ops(out.block_ops)
+                sched.rollback()
+            cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
+            self._forget([r for r in self.requests.values() if r.status is Status.FINISHED])
+            raise
+        for r in out.admitted:
+            r.metrics.first_scheduled = r.metrics.first_scheduled or t0
+        outputs = []
+        for r, t in zip(reqs, tokens, strict=True):
+            r.metrics.token_times.append(now)
+            outputs.append(RequestOutput(r.req_id, [t], list(r.output), r.status is
+                                         Status.FINISHED, r.finish_reason, r.metrics))
+        for r in finished:
+            r.metrics.finished = now
+        self._forget(finished)
+        self._last = (out, finished, new_tokens, time.perf_counter() - t0)
+        return outputs
+
+    def abort(self, request_id: int) -> None:
+        """Stop request ``request_id`` and free all it holds (waiting, mid-prefill or decoding);
+        one that already finished holds nothing. ``ValueError``: an id this engine never gave."""
+        req = self.requests.get(request_id) if isinstance(request_id, int) else None
+        if req is None:
+            if isinstance(request_id, int) and 0 <= request_id < self._next_id:
+                return
+            raise ValueError(f"unknown request id {request_id!r} (ids come from add_request)")
+        self.scheduler.abort(req)
+        req.metrics.finished = time.perf_counter()
+        self._forget([req])
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.requests)
+
+    # ---- the offline call -------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  max_new_tokens: int | Sequence[int], *, ignore_eos: bool = False,
@@ -151,75 +198,84 @@ class Engine:
         Each request stops after ``max_new_tokens`` tokens (an int, or one per prompt), or
         right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to
         transformers' ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each
-        prompt alone (float32).
+        prompt alone (float32). ``on_step`` gets a :class:`StepEvent` after each step, and
+        ``engine.stats`` the call's :class:`RunStats`.
 
-        Raises ``ValueError`` (before any work) for an empty prompt list or prompt, a token id
-        outside ``[0, vocab_size)``, ``max_new_tokens < 0``, or a request that can never fit
-        in the pool (``ceil((len(prompt) + max_new_tokens - 1) / block_size) > num_blocks``).
+        Raises:
+            ValueError (before any work): an empty prompt list or prompt, a token id outside
+                ``[0, vocab_size)``, ``max_new_tokens < 0``, a request that can never fit in
+                the pool (``ceil((len(prompt) + max_new_tokens - 1) / block_size) >
+                num_blocks``, or its reservation) or is longer than ``max_model_len``.
+            TypeError: prompts that are not lists of int token ids.
+            RuntimeError: requests added with :meth:`add_request` are unfinished.
+            Whatever a step or ``on_step`` raised, after aborting every request of the call.
         """
-        requests = self._make_requests(prompts, max_new_tokens)
-        first_id = requests[0].req_id
-        stop_ids = frozenset() if ignore_eos else self.eos_ids
-        self.stats = stats = RunStats(prompt_tokens=sum(len(r.prompt) for r in requests))
-        for r in requests:
-            if r.max_new_tokens > 0:
-                self.scheduler.add(r)
-        total = sum(r.max_new_tokens for r in requests)
+        if self.has_unfinished_requests():
+            raise RuntimeError("generate runs its own prompts only: finish (step) or abort the "
+                               f"{len(self.requests)} requests added with add_request first")
+        checked = self._check_prompts(prompts, max_new_tokens)
+        start = time.perf_counter()
+        reqs = {i: self.requests[self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos),
+                                           start)] for i, (p, n) in enumerate(checked) if n}
+        index = {r.req_id: i for i, r in reqs.items()}
+        self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
+        total = sum(n for _, n in checked)
         show = total >= PROGRESS_MIN_TOKENS if progress is None else progress
         bar = tqdm(total=total, desc="generate", unit="tok", disable=not show, leave=False)
-        start = time.perf_counter()
-        first_token: dict[int, float] = {}
         try:
-            while self.scheduler.has_work():
-                event = self._step(stop_ids, first_id, listen=on_step is not None)
-                stats.steps += 1
-                stats.computed_tokens += event.num_tokens
-                stats.cached_tokens += event.cached_tokens
-                stats.preemptions += len(event.preempted)
-                stats.max_running = max(stats.max_running, len(self.scheduler.running)
-                                        + len(event.finished))
-                now = time.perf_counter() - start
-                for i in event.new_tokens:
-                    first_token.setdefault(i, now)
-                bar.update(len(event.new_tokens))
+            while self.has_unfinished_requests():
+                self.step()
+                out, finished, new_tokens, seconds = self._last
                 if on_step is not None:
-                    on_step(event)
+                    on_step(self._event(stats.steps, index))
+                stats.steps += 1
+                stats.computed_tokens += out.num_tokens
+                stats.cached_tokens += out.cached_tokens
+                stats.preemptions += len(out.preempted)
+                stats.max_running = max(stats.max_running,
+                                        len(self.scheduler.running) + len(finished))
+                bar.update(len(new_tokens))
+        except BaseException:
+            for r in reqs.values():
+                self.abort(r.req_id)
+            raise
         finally:
             bar.close()
         stats.seconds = time.perf_counter() - start
-        stats.output_tokens = sum(len(r.output) for r in requests)
-        stats.ttft_s = [first_token.get(i, 0.0) for i in range(len(requests))]
-        return [list(r.output) for r in requests]
+        stats.output_tokens = sum(len(r.output) for r in reqs.values())
+        stats.metrics = [reqs[i].metrics if i in reqs else None for i in range(len(checked))]
+        stats.ttft_s = [(m.ttft or 0.0) if m else 0.0 for m in stats.metrics]
+        return [list(reqs[i].output) if i in reqs else [] for i in range(len(checked))]
 
-    # ---- one step ---------------------------------------------------------------------------
+    # ---- one step's pieces ------------------------------------------------------------------
 
-    def _step(self, stop_ids: frozenset[int], first_id: int, *, listen: bool) -> StepEvent:
-        t0 = time.perf_counter()
-        sched = self.scheduler
-        out = sched.schedule()
-        ops.apply_block_ops(self.runner.cache, out.block_ops)
-        step = self._layout(out)
-        tokens = self.runner.execute(step)
-        new_tokens = {out.chunks[b].request.req_id: t
-                      for b, t in zip(step.sample_rows, tokens, strict=True)}
-        finished = sched.update(out, new_tokens, stop_ids)
-        m = sched.manager
-        running = sched.running if listen else []
-        return StepEvent(
-            step=self.stats.steps,
-            ran=[(c.request.req_id - first_id, c.start, c.num_tokens) for c in out.chunks],
-            admitted=[r.req_id - first_id for r in out.admitted],
-            preempted=[r.req_id - first_id for r in out.preempted],
-            finished=[r.req_id - first_id for r in finished],
-            new_tokens={i - first_id: t for i, t in new_tokens.items()},
-            block_tables={r.req_id - first_id: m.block_table(r.req_id) for r in running},
-            seq_lens={r.req_id - first_id: m.seq_len(r.req_id) for r in running},
-            num_free_blocks=m.num_free_blocks, num_blocks=self.num_blocks,
-            block_size=self.block_size, cached_tokens=out.cached_tokens,
-            seconds=time.perf_counter() - t0)
+    def _add(self, ids: list[int], params: SamplingParams, arrival: float) -> int:
+        rid, self._next_id = self._next_id, self._next_id + 1
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos
+                                                    else self.eos_ids)
+        gen = None if params.seed is None else torch.Generator(
+            self.runner.device).manual_seed(params.seed)
+        self.requests[rid] = req = Request(rid, ids, params.max_tokens, params, stops,
+                                           metrics=RequestMetrics(arrival), generator=gen)
+        self.scheduler.add(req)
+        return rid
 
-    def _layout(self, out: SchedulerOutput) -> StepInputs:
-        """The scheduled chunks as one flat batch (host lists) for the runner."""
+    def _forget(self, finished: list[Request]) -> None:
+        for r in finished:
+            self.requests.pop(r.req_id, None)
+
+    @staticmethod
+    def _sampling(reqs: list[Request]) -> SamplingBatch | None:
+        """The sampling rows among ``reqs`` (the step's sampled requests), None if all greedy."""
+        rows = [i for i, r in enumerate(reqs) if r.params and not r.params.greedy]
+        if not rows:
+            return None
+        ps = [reqs[i].params for i in rows]
+        return SamplingBatch(rows, [p.temperature for p in ps], [p.top_p for p in ps],
+                             [p.top_k for p in ps], [reqs[i].generator for i in rows])
+
+    def _layout(self, out) -> StepInputs:
+        """The scheduled chunks (a ``SchedulerOutput``) as one flat batch for the runner."""
         m = self.scheduler.manager
         step = StepInputs([], [], [], [0], [], [], [])
         for b, chunk in enumerate(out.chunks):
@@ -237,10 +293,25 @@ class Engine:
                 step.sample_rows.append(b)
         return step
 
+    def _event(self, step: int, index: dict[int, int]) -> StepEvent:
+        """The last step as a :class:`StepEvent`, requests named by ``index[req_id]``."""
+        out, finished, new_tokens, seconds = self._last
+        m, running = self.scheduler.manager, self.scheduler.running
+        return StepEvent(
+            step=step, ran=[(index[c.request.req_id], c.start, c.num_tokens) for c in out.chunks],
+            admitted=[index[r.req_id] for r in out.admitted],
+            preempted=[index[r.req_id] for r in out.preempted],
+            finished=[index[r.req_id] for r in finished],
+            new_tokens={index[i]: t for i, t in new_tokens.items()},
+            block_tables={index[r.req_id]: m.block_table(r.req_id) for r in running},
+            seq_lens={index[r.req_id]: m.seq_len(r.req_id) for r in running},
+            num_free_blocks=m.num_free_blocks, num_blocks=self.num_blocks,
+            block_size=self.block_size, cached_tokens=out.cached_tokens, seconds=seconds)
+
     # ---- input checks -----------------------------------------------------------------------
 
-    def _make_requests(self, prompts, max_new_tokens) -> list[Request]:
-        """Checked requests, or ``TypeError``/``ValueError`` before anything is queued."""
+    def _check_prompts(self, prompts, max_new_tokens) -> list[tuple[list[int], int]]:
+        """``(token ids, max_new_tokens)`` per prompt, or TypeError / ValueError."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise TypeError("prompts must be a list of prompts, each a list of token ids, got "
                             f"{type(prompts).__name__}")
@@ -253,48 +324,41 @@ class Engine:
             limits = [check_int(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
         else:
             limits = [check_int("max_new_tokens", max_new_tokens)] * len(prompts)
-        checked = []
-        for i, (p, max_new_tokens) in enumerate(zip(prompts, limits, strict=False)):
-            if isinstance(p, torch.Tensor):
-                p = p.tolist() if p.dim() == 1 else p
-            if isinstance(p, (str, bytes)) or not isinstance(p, Sequence):
-                raise TypeError(f"prompts[{i}] must be a list of token ids, got "
-                                f"{type(p).__name__} (encode text with the tokenizer first)")
-            ids = [check_int(f"prompts[{i}][{j}]", t, minimum=None) for j, t in enumerate(p)]
-            if not ids:
-                raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompts[{i}] has token id {bad[0]} outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
-            longest = len(ids) + max(max_new_tokens, 1) - 1
-            if blocks_needed(longest, self.block_size) > self.num_blocks:
-                raise ValueError(
-                    f"prompts[{i}] can never fit: {len(ids)} prompt tokens + max_new_tokens="
-                    f"{max_new_tokens} need {blocks_needed(longest, self.block_size)} blocks "
-                    f"of {self.block_size} tokens but the pool has num_blocks={self.num_blocks}")
-            if longest > self.max_model_len:
-                raise ValueError(f"prompts[{i}]: {len(ids)} tokens + max_new_tokens="
-                                 f"{max_new_tokens} exceed max_model_len={self.max_model_len}")
-            checked.append(ids)
-        requests = [Request(self._next_id + i, ids, n)
-                    for i, (ids, n) in enumerate(zip(checked, limits, strict=False))]
-        self._next_id += len(requests)
-        return requests
+        return [(self._check_prompt(f"prompts[{i}]", p, n), n)
+                for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
 
-    @staticmethod
-    def _eos_ids(model, eos_token_id) -> frozenset[int]:
-        if eos_token_id is None:
-            gen = getattr(model, "generation_config", None)
-            eos_token_id = getattr(gen, "eos_token_id", None)
-            if eos_token_id is None:
-                eos_token_id = getattr(model.config, "eos_token_id", None)
-        if eos_token_id is None:
-            return frozenset()
-        if isinstance(eos_token_id, int):
-            return frozenset([eos_token_id])
-        return frozenset(int(t) for t in eos_token_id)
+    def _check_prompt(self, name: str, prompt, max_tokens: int) -> list[int]:
+        ids = as_token_ids(name, prompt, minimum=None)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if not ids or bad:
+            raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary [0, "
+                             f"{self.vocab_size})" if ids else
+                             f"{name} is empty: a prompt needs at least one token")
+        longest = len(ids) + max(max_tokens, 1) - 1
+        need = blocks_needed(max(longest, reserved_tokens(
+            self.scheduler.reservation, len(ids), max_tokens, self.max_model_len)),
+            self.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"{name} can never fit: {len(ids)} prompt tokens + max_new_tokens="
+                             f"{max_tokens} need {need} blocks of {self.block_size} tokens but "
+                             f"the pool has num_blocks={self.num_blocks}")
+        if longest > self.max_model_len:
+            raise ValueError(f"{name}: {len(ids)} tokens + max_new_tokens={max_tokens} exceed "
+                             f"max_model_len={self.max_model_len}")
+        return ids
 
-    def __repr__(self) -> str:
-        return (f"Engine({type(self.model).__name__}, num_blocks={self.num_blocks}, "
-                f"block_size={self.block_size}, {self.scheduler_args})")
+
+def check_backends(device: torch.device, attention_backend, fused_backend, cuda_graphs) -> None:
+    """``ValueError`` / ``TypeError`` unless the backends and ``cuda_graphs`` can run on
+    ``device`` here (Triton: in its interpreter on CPU tensors, compiled on CUDA ones)."""
+    for name, value in (("attention_backend", attention_backend),
+                        ("fused_backend", fused_backend)):
+        if value not in BACKENDS:
+            raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
+        if value == "triton" and not _device.triton_runs_on(device):
+            raise ValueError(f"{name}='triton' cannot run on the model's device ({device}) "
+                             f"here: {_device.describe()}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be a bool or None, got {cuda_graphs!r}")
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {device}")

@@ -6,17 +6,12 @@
     silu_mul(gate_up)                    -> silu(gate) * up
     fuse_linears(*linears)               -> one weight (and bias) for several projections
 
-Shapes: ``h``, ``delta`` ``[T, hidden]`` (T tokens of the step); ``qkv`` ``[T, (Hq + 2 Hkv) * D]``
-(the fused q/k/v projection's output: q heads, then k heads, then v heads); ``cos``, ``sin``
-``[T, D]`` (``model.model.rotary_emb``'s, in the model's dtype); ``gate_up`` ``[T, 2 I]``.
-
-``backend="torch"`` is Hugging Face's own arithmetic (``LlamaRMSNorm``, ``apply_rotary_pos_emb``,
-``act_fn(gate) * up``, the cache write of :func:`paged_ref.engine.ops.write_kv`): the CPU path
-and the reference. ``backend="triton"`` runs :mod:`paged_ref.kernels.triton.fused` (compiled on a
-GPU, in Triton's interpreter on CPU tensors), the same arithmetic with the same roundings.
-``"auto"``: Triton on a CUDA device, torch elsewhere. Nothing here reads a value back or
-allocates by value, so every op runs inside a CUDA graph; inputs are not checked (the runner
-builds them).
+Shapes: ``h``, ``delta`` ``[T, hidden]``; ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` (q heads, then k,
+then v); ``cos``, ``sin`` ``[T, D]`` (the model's ``rotary_emb``'s); ``gate_up`` ``[T, 2 I]``.
+``backend="torch"`` is Hugging Face's own arithmetic (the CPU path and the reference);
+``"triton"`` runs :mod:`paged_ref.kernels.triton.fused` (compiled on a GPU, interpreted on CPU
+tensors) with the same roundings; ``"auto"``: Triton on a CUDA device. Nothing reads a value
+back or allocates by value (every op runs inside a CUDA graph); inputs are not checked.
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from paged_ref import _device
-from paged_ref.engine import ops
+from paged_ref.kv_write import write_kv_torch
+from paged_ref.quant import QuantizedKV, write_slots
 
 FUSED_BACKENDS = ("auto", "torch", "triton")
 
@@ -82,7 +78,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
 
     ``k_cache`` / ``v_cache`` are ``[num_blocks, block_size, Hkv, D]`` tensors, or
     :class:`paged_ref.QuantizedKV` caches: the Triton kernel then writes k and v into a
-    ``[T, Hkv, D]`` buffer (slot ``i`` = row ``i``) and ``ops.write_kv`` quantises them in.
+    ``[T, Hkv, D]`` buffer (slot ``i`` = row ``i``) and :func:`write_kv` quantises them in.
     """
     num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
     num_tokens = qkv.shape[0]
@@ -90,7 +86,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
         q, k, v = qkv.view(num_tokens, -1, head_dim).split(
             [num_q_heads, num_kv_heads, num_kv_heads], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-        ops.write_kv(k_cache, v_cache, k, v.contiguous(), slot_mapping)
+        write_kv(k_cache, v_cache, k, v.contiguous(), slot_mapping)
         return q
     from paged_ref.kernels.triton.fused import rope_write_triton
 
@@ -100,8 +96,24 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
     k, v = (qkv.new_empty(num_tokens, num_kv_heads, head_dim) for _ in range(2))
     rows = torch.arange(num_tokens, device=qkv.device)
     q = rope_write_triton(qkv, cos, sin, k, v, rows, num_q_heads)
-    ops.write_kv(k_cache, v_cache, k, v, slot_mapping)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
+
+
+def write_kv(k_cache, v_cache, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store token ``i``'s ``k``, ``v`` (``[T, Hkv, D]``) at slot ``slot_mapping[i]`` (int64),
+    unchecked (the runner builds the slots; CUDA-graph capturable). A quantised cache
+    quantises on the way in: on a GPU in one Triton kernel for K and V (the bytes of
+    ``quant.write_slots``, which a CPU runs)."""
+    if not isinstance(k_cache, QuantizedKV):
+        return write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
+    if k_cache.data.is_cuda:  # (imported here: Triton is only needed where a GPU is)
+        from paged_ref.kernels.triton.quant_write import quant_write_triton
+
+        return quant_write_triton(k_cache, v_cache, k, v, slot_mapping)
+    write_slots(k_cache, k, slot_mapping)
+    write_slots(v_cache, v, slot_mapping)
 
 
 def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -115,4 +127,4 @@ def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
 
 
 __all__ = ["FUSED_BACKENDS", "add_rms_norm", "choose_backend", "fuse_linears", "rope_write_kv",
-           "silu_mul"]
+           "silu_mul", "write_kv"]

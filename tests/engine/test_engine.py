@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_ref import _device
+
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
@@ -105,6 +107,7 @@ def test_repeated_calls_and_two_engines_on_one_model(smollm2, prompts, expected)
     assert a.generate([prompts[0]], 0) == [[]]
 
 
+@pytest.mark.skipif(not _device.INTERPRET, reason="Triton on the CPU model: the interpreter")
 def test_triton_backend(smollm2, prompts, expected):
     model, _ = smollm2
     engine = Engine(model, num_blocks=32, attention_backend="triton")

@@ -151,3 +151,54 @@ def test_real_smollm2_greedy_matches_transformers_on_the_gpu(cuda_graphs):
                     cuda_graphs=cuda_graphs)
     assert all(expected) and engine.generate(prompts, n) == expected
     assert engine.runner.graphs or not cuda_graphs
+
+
+def test_online_api_sampling_and_graphs_on_the_gpu(prompts):
+    """The new step path on a GPU (CUDA graphs on, bf16 and float32): requests joining a running
+    batch give transformers' greedy tokens (float32), seeded sampled requests beside them give
+    the same tokens on every run and with graphs off (the sampler on the device, reading the
+    graph's hidden states), an abort frees everything."""
+    from paged_bench.engine import build_model
+    from paged_ref.engine import Engine, SamplingParams
+
+    model = build_model("smollm2-135m", dtype=torch.float32)
+    expected = [hf_greedy(model, p, 16) for p in prompts]
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    hot = [SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=50, seed=s,
+                          ignore_eos=True) for s in range(len(prompts))]
+    runs = []
+    for cuda_graphs in (True, True, False):
+        engine = Engine(model, num_blocks=200, block_size=16, max_num_seqs=16,
+                        max_num_batched_tokens=256, cuda_graphs=cuda_graphs)
+        assert bool(engine.runner.graphs) == cuda_graphs
+        ids, final = {}, {}
+        for step in range(400):
+            if step < len(prompts):  # one greedy and one sampled request join each step
+                ids[engine.add_request(prompts[step], greedy)] = ("greedy", step)
+                ids[engine.add_request(prompts[step], hot[step])] = ("hot", step)
+            if step == 3:
+                engine.abort(max(ids))
+                ids.pop(max(ids))
+            final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+            if step >= len(prompts) and not engine.has_unfinished_requests():
+                break
+        m = engine.scheduler.manager
+        assert not m.seq_ids and m.num_free_blocks == m.num_blocks
+        got = {ids[rid]: out for rid, out in final.items()}
+        assert [got["greedy", i] for i in range(len(prompts))] == expected
+        runs.append({k: v for k, v in got.items() if k[0] == "hot"})
+    assert runs[0] == runs[1] == runs[2], "seeded sampling differs between runs or graph modes"
+
+
+def test_reservation_baselines_on_the_gpu(prompts):
+    """Each reservation policy on the GPU (graphs on): transformers' tokens, nothing left."""
+    from paged_bench.engine import build_model
+    from paged_ref.engine import Engine
+
+    model = build_model("smollm2-135m", dtype=torch.float32)
+    expected = [hf_greedy(model, p, 8) for p in prompts]
+    for policy in ("paged", "reserve_max", "reserve_pow2", "reserve_oracle"):
+        engine = Engine(model, num_blocks=64, block_size=16, max_model_len=320,
+                        reservation=policy)
+        assert engine.generate(prompts, 8, ignore_eos=True) == expected, policy
+        assert engine.scheduler.manager.num_free_blocks == 64

@@ -8,19 +8,13 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from paged_ref import _device
 
 pytest.importorskip("transformers")
 
-from paged_bench.engine import build_model, workload  # noqa: E402
+from paged_bench.engine import workload  # noqa: E402
 from paged_ref.engine import Engine  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_model("tiny", dtype=torch.float32, device="cpu", seed=1)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_token_head", "int4"])

@@ -85,6 +85,11 @@ PLANTED = [
                              "self._add_norm(h, layer.mlp.down_proj(m), 2 * i + 1)",
                              "projection_biases"), RUNNER_TESTS,
             also_in=("paged_ref.engine.engine",)),
+    Planted(RUNNER, Mutation("a replayed step returns a token for every row, also for a "
+                             "1-token prompt chunk that samples not",
+                             "tokens = tokens[:batch][step.sample_rows]",
+                             "tokens = tokens[:batch]", "hidden_states"),
+            RUNNER_TESTS, also_in=("paged_ref.engine.engine",)),
 ]
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_ref import _device
+
 pytest.importorskip("transformers")
 
-from paged_bench.engine import build_model, workload  # noqa: E402
+from paged_bench.engine import workload  # noqa: E402
 from paged_ref.engine import Engine  # noqa: E402
 from paged_ref.engine.runner import ModelRunner, graph_buckets  # noqa: E402
 
@@ -28,16 +30,7 @@ class FakeGraph:
         return None
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return build_model("tiny", dtype=torch.float32, device="cpu", seed=1)
-
-
-def hf_greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                         min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+from tests.engine.checks import hf_greedy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +58,8 @@ def test_graph_path_bookkeeping(tiny, case, monkeypatch, max_num_seqs):
     monkeypatch.setattr(ModelRunner, "_capture_one", staticmethod(lambda step, pool:
                                                                   FakeGraph(step)))
     engine = Engine(tiny, num_blocks=48, block_size=4, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=40, cuda_graphs=True)
+                    max_num_batched_tokens=40)  # (cuda_graphs=True needs a GPU: captured here)
+    engine.runner._capture(graph_buckets(max_num_seqs))
     assert sorted(engine.runner.graphs) == graph_buckets(max_num_seqs)
     replays = []
     real = engine.runner._replay
@@ -73,6 +67,39 @@ def test_graph_path_bookkeeping(tiny, case, monkeypatch, max_num_seqs):
         len(step.seq_lens)) or real(step))
     assert engine.generate(prompts, outputs, ignore_eos=True) == expected
     assert replays and any(b not in engine.runner.graphs for b in replays), "padded buckets"
+
+
+def test_graph_path_samples_from_the_graphs_hidden_states(tiny, case, monkeypatch):
+    """Sampling rows beside greedy ones in graph-replayed decode steps: seeded requests give
+    the tokens they give without graphs (the sampler reads the graph's hidden states)."""
+    from paged_ref.engine import SamplingParams
+
+    prompts, outputs, expected = case
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, **({} if i % 2 else dict(
+        temperature=0.3, top_k=20, seed=i))) for i, n in enumerate(outputs)]
+    runs, mixed = [], []
+    for graphs in (False, True):
+        monkeypatch.setattr(ModelRunner, "_capture_one", staticmethod(
+            lambda step, pool: FakeGraph(step)))
+        engine = Engine(tiny, num_blocks=48, block_size=4, max_num_seqs=8,
+                        max_num_batched_tokens=3)  # (decode steps with a 1-token prefill)
+        if graphs:
+            engine.runner._capture(graph_buckets(8))
+            runner, real = engine.runner, engine.runner.execute
+
+            def execute(step, sampling=None, runner=runner, real=real):
+                mixed.append(runner._graphed(step) and sampling is not None
+                             and len(step.sample_rows) < len(step.seq_lens))
+                return real(step, sampling)
+
+            monkeypatch.setattr(runner, "execute", execute)
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        final = {}
+        while engine.has_unfinished_requests():
+            final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+        runs.append([final[i] for i in ids])
+    assert runs[0] == runs[1] and any(mixed), "no replayed step with a row that samples not"
+    assert runs[0][1::2] == expected[1::2] and runs[0][0::2] != expected[0::2]
 
 
 def test_graph_buckets():
@@ -117,6 +144,11 @@ def test_step_widget_without_ipywidgets_shows_the_last_step(tiny, case, monkeypa
     assert fig._suptitle.get_text() == last and last.startswith(f"step {rec.events[-1].step}:")
 
 
+ON_CPU_TRITON = pytest.mark.skipif(not _device.INTERPRET, reason="Triton on the CPU model: "
+                                   "the interpreter (compiled: test_engine_gpu.py)")
+
+
+@ON_CPU_TRITON
 def test_fused_triton_ops_give_transformers_tokens(tiny, case):
     """The fused Triton kernels (interpreted here) inside the whole engine, prefill and
     decode steps: tokens equal transformers'."""
@@ -147,7 +179,7 @@ def test_projection_biases_and_norm_weights_are_used():
     prompts, outputs = workload(3, cfg.vocab_size, seed=4, prompt_mean=12, output_mean=6,
                                 max_len=30)
     expected = [hf_greedy(model, p, n) for p, n in zip(prompts, outputs, strict=True)]
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "triton") if _device.INTERPRET else ("torch",):
         engine = Engine(model, num_blocks=32, block_size=4, fused_backend=backend)
         assert engine.generate(prompts, outputs, ignore_eos=True) == expected, backend
 

@@ -1,0 +1,64 @@
+"""``SamplingParams``: how one request picks its tokens and when it stops (vLLM's shape)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+from paged_ref.engine.request import as_token_ids
+from paged_ref.memory.allocator import check_int
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling and stopping rules, checked at construction.
+
+    Args:
+        max_tokens: stop after this many generated tokens (>= 1).
+        temperature: 0: greedy, the argmax (transformers' ``do_sample=False``, exactly).
+            > 0: sample from ``softmax(logits / temperature)``.
+        top_p: keep the likeliest tokens until their probability reaches it (1: off).
+        top_k: keep the ``top_k`` likeliest tokens (0: off).
+        seed: draw from a ``torch.Generator`` of the request's own, seeded with it: the same
+            tokens on every run on one device. None: torch's default generator.
+        n: completions of the prompt; only 1 for now.
+        stop_token_ids: stop right after emitting one of these (it is kept in the output).
+        ignore_eos: do not stop at the model's EOS token(s).
+
+    Raises:
+        TypeError: a field of the wrong type. ValueError: one out of range, or ``n != 1``.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("max_tokens", self.max_tokens, minimum=1)
+        check_int("top_k", self.top_k)
+        if self.seed is not None:
+            check_int("seed", self.seed)
+        if check_int("n", self.n, minimum=1) != 1:
+            raise ValueError("n > 1 is not supported yet (parallel sampling)")
+        for name, ok, expected in (("temperature", lambda t: 0 <= t < math.inf, "finite, >= 0"),
+                                   ("top_p", lambda p: 0 < p <= 1, "in (0, 1]")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+            if not ok(value):
+                raise ValueError(f"{name} must be {expected}, got {value}")
+        stops = tuple(as_token_ids("stop_token_ids", self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", stops)  # (frozen: a list becomes a tuple)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the request takes the argmax (temperature 0)."""
+        return self.temperature == 0

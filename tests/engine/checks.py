@@ -1,0 +1,50 @@
+"""What the engine tests check again and again: transformers' greedy tokens, an engine with
+nothing left inside, prefix-cache entries whose K/V are really written."""
+
+import torch
+
+
+def hf_greedy(model, prompt, n):
+    """transformers' greedy ``n`` tokens for ``prompt`` alone (no EOS stop)."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         min_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_idle_and_whole(engine):
+    """Nothing left inside ``engine``: no request, no sequence, every block free or cached."""
+    s, m = engine.scheduler, engine.scheduler.manager
+    assert not engine.requests and not s.waiting and not s.running, "requests left inside"
+    assert not m.seq_ids, f"the manager still holds sequences {m.seq_ids}"
+    assert m.num_free_blocks == m.num_blocks, f"{m.num_free_blocks} of {m.num_blocks} free"
+
+
+@torch.inference_mode()
+def assert_cached_kv_is_written(engine, model):
+    """Every prefix-cache entry's K/V (every layer) equal transformers' K/V for the tokens it
+    is cached under (its chain of parents, then its own): no hash over unwritten K/V. Returns
+    how many entries were checked."""
+    from transformers import DynamicCache
+
+    cache, entries = engine.runner.cache, engine.scheduler.manager.cached_blocks()
+    by_hash, bs = {e.block_hash: e for e in entries}, engine.block_size
+    checked = 0
+    for e in entries:
+        chain, parent = list(e.token_ids), e.parent_hash
+        while parent is not None and parent in by_hash:
+            chain = list(by_hash[parent].token_ids) + chain
+            parent = by_hash[parent].parent_hash
+        if parent is not None:  # (an ancestor was evicted: its tokens are unknown here)
+            continue
+        kv = DynamicCache(config=model.config)
+        model(torch.tensor([chain]), cache=kv, use_cache=True)
+        for i, layer in enumerate(kv.layers):
+            for got, want in ((cache.k_caches[i][e.block_id], layer.keys),
+                              (cache.v_caches[i][e.block_id], layer.values)):
+                want = want[0, :, -bs:].transpose(0, 1)  # [bs, Hkv, D]
+                assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (
+                    f"block {e.block_id} cached for tokens {chain[-bs:]} holds other K/V "
+                    f"(layer {i}, max diff {(got - want).abs().max():.3g})")
+        checked += 1
+    return checked
