@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install kernel lab test test-exercises test-browser exercises outputs site preflight \
+.PHONY: install kernel lab test test-gpu test-exercises test-browser exercises outputs site preflight \
 	lint bench clean
 
 install: $(STAMP)
@@ -38,6 +38,12 @@ lab: install
 test: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
 	OMP_NUM_THREADS=1 PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
+
+## On a machine with an NVIDIA GPU: the suite with every kernel compiled (no notebooks: make test
+## runs those too where Jupyter is installed). tools/gpu/suite.sh does the same on a bare GPU box.
+test-gpu: install
+	$(PY) -m pytest tests --ignore=tests/browser -o addopts="-ra -p no:cacheprovider" -n 2 \
+		--dist loadfile
 
 ## Your exercises: make test-exercises EX=ex02
 test-exercises: install

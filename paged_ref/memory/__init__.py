@@ -1,6 +1,17 @@
 """Memory: the blocks of the KV cache and who holds them (plain Python, no GPU needed).
 
-:mod:`.allocator` hands out block ids and counts their holders; :mod:`.manager` keeps one
-block table per sequence (sharing, copy-on-write, prefix caching); :mod:`.host_tier` is where
-evicted cached blocks spill; :mod:`.storage` holds the K/V tensors the tables point into.
+One module a job, from the pool up (vLLM v1 keeps the same rooms: ``FreeKVCacheBlockQueue``,
+``BlockPool``, ``KVCacheManager``):
+
+* :mod:`.free_queue` -- the order free blocks are handed out in: plain free first, then cached
+  blocks nobody holds, least recently used first;
+* :mod:`.allocator` -- :class:`BlockAllocator`, the pool: hands out block ids, counts their
+  holders, maps prefix-cache hashes to blocks;
+* :mod:`.prefix_cache` -- the hash chain (``hash_block_tokens``), lookups, which sequence
+  registered which block, hit counters;
+* :mod:`.tables` -- one block table per sequence and what attention reads from them;
+* :mod:`.manager` -- :class:`KVCacheManager`: sequences start, grow, fork (copy-on-write) and
+  end against the pool; the block moves each step owes;
+* :mod:`.host_tier` -- where evicted cached blocks spill; :mod:`.stats` -- ``CacheStats``;
+* :mod:`.storage` -- :class:`PagedKVCache`, the K/V tensors the tables point into.
 """

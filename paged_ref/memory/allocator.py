@@ -18,15 +18,17 @@ A block whose count drops to 0 is *free*. If it has a hash it stays cached and b
     a.add_ref(b)          # a second holder: ref_count(b) == 2
     a.free(b); a.free(b)  # both holders gone -> back to the free list
 
-Every call is O(1): a free list (a deque), an LRU of evictable blocks (an ``OrderedDict``),
-a dict from hash to block and a list of counts.
+Every call is O(1): the order of the free blocks is a :class:`~.free_queue.FreeBlockQueue`
+(plain free first, then evictable least recently used first); here are a list of counts and a
+dict from hash to block and back.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from numbers import Integral
+
+from paged_ref.memory.free_queue import FreeBlockQueue
 
 
 class OutOfBlocksError(RuntimeError):
@@ -71,9 +73,8 @@ class BlockAllocator:
     ) -> None:
         self._num_blocks = check_int("num_blocks", num_blocks, minimum=1)
         self._block_size = check_int("block_size", block_size, minimum=1)
-        self._free_list: deque[int] = deque(range(self._num_blocks))
+        self._free = FreeBlockQueue(self._num_blocks)  # plain free, then evictable (LRU)
         self._ref_counts = [0] * self._num_blocks
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first, ref_count == 0
         self._hash_of: dict[int, Hashable] = {}  # block id -> hash, cached blocks only
         self._block_of: dict[Hashable, int] = {}  # hash -> block id (the inverse)
         self.on_evict = on_evict
@@ -94,12 +95,12 @@ class BlockAllocator:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that :meth:`allocate` can still hand out: plain free + evictable."""
-        return len(self._free_list) + len(self._evictable)
+        return len(self._free)
 
     @property
     def num_evictable_blocks(self) -> int:
         """Cached blocks that nobody holds (counted in :attr:`num_free_blocks`)."""
-        return len(self._evictable)
+        return self._free.num_evictable
 
     @property
     def num_cached_blocks(self) -> int:
@@ -122,20 +123,18 @@ class BlockAllocator:
         Raises:
             OutOfBlocksError: every block is held (nothing changes).
         """
-        if self._free_list:
-            block_id = self._free_list.popleft()
-        elif self._evictable:
-            block_id, _ = self._evictable.popitem(last=False)
+        if not self._free:
+            raise OutOfBlocksError(
+                f"out of KV-cache blocks: all {self._num_blocks} blocks of "
+                f"{self._block_size} tokens are in use"
+            )
+        block_id, evicted = self._free.popleft()
+        if evicted:
             block_hash = self._hash_of.pop(block_id)
             del self._block_of[block_hash]
             self.num_evictions += 1
             if self.on_evict is not None:
                 self.on_evict(block_id, block_hash)
-        else:
-            raise OutOfBlocksError(
-                f"out of KV-cache blocks: all {self._num_blocks} blocks of "
-                f"{self._block_size} tokens are in use"
-            )
         self._ref_counts[block_id] = 1
         return block_id
 
@@ -148,9 +147,9 @@ class BlockAllocator:
         """
         block_id = self._check_id(block_id)
         if self._ref_counts[block_id] == 0:
-            if block_id not in self._evictable:
+            if not self._free.is_evictable(block_id):
                 raise ValueError(f"block {block_id} is free and not cached: nothing to share")
-            del self._evictable[block_id]
+            self._free.revive(block_id)
         self._ref_counts[block_id] += 1
 
     def free(self, block_id: int) -> None:
@@ -170,9 +169,9 @@ class BlockAllocator:
         self._ref_counts[block_id] -= 1
         if self._ref_counts[block_id] == 0:
             if block_id in self._hash_of:
-                self._evictable[block_id] = None
+                self._free.append_evictable(block_id)
             else:
-                self._free_list.append(block_id)
+                self._free.append_free(block_id)
 
     def ref_count(self, block_id: int) -> int:
         """How many holders ``block_id`` has (0 when free or evictable)."""
@@ -211,9 +210,8 @@ class BlockAllocator:
         if block_hash is None:
             return
         del self._block_of[block_hash]
-        if block_id in self._evictable:
-            del self._evictable[block_id]
-            self._free_list.append(block_id)
+        if self._free.is_evictable(block_id):
+            self._free.forget_hash(block_id)
 
     def cached_block(self, block_hash: Hashable) -> int | None:
         """The block cached under ``block_hash``, or None."""
@@ -225,11 +223,11 @@ class BlockAllocator:
 
     def is_evictable(self, block_id: int) -> bool:
         """Whether ``block_id`` is cached and held by nobody."""
-        return self._check_id(block_id) in self._evictable
+        return self._free.is_evictable(self._check_id(block_id))
 
     def evictable_blocks(self) -> list[int]:
         """Evictable block ids, the next to be evicted first (a new list)."""
-        return list(self._evictable)
+        return self._free.evictable()
 
     # ---- helpers ----------------------------------------------------------------------------
 

@@ -55,6 +55,21 @@ class HostTier:
         self._slot_of[block_hash] = slot
         return slot, dropped
 
+    def spill(self, block_id: int, block_hash: Hashable,
+              swap_out: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Device block ``block_id``, cached as ``block_hash``, is evicted: :meth:`put` it.
+
+        ``swap_out``: the spills ``(device block, host slot)`` owed and not yet run. Returns
+        them with this one appended (if a slot was found), and without any that was headed for
+        the slot just taken from the oldest spill (that one is dropped, never copied).
+        """
+        slot, dropped = self.put(block_hash)
+        if dropped is not None:
+            swap_out = [(b, s) for b, s in swap_out if s != slot]
+        if slot is not None:
+            swap_out = swap_out + [(block_id, slot)]
+        return swap_out
+
     def take(self, block_hash: Hashable) -> int:
         """Remove ``block_hash`` from the host (it goes back to the device); its slot."""
         slot = self._slot_of.pop(block_hash)

@@ -1,0 +1,156 @@
+"""Block tables: which blocks each sequence holds, and where its tokens' K/V live.
+
+:class:`BlockTables` is the reading half of :class:`~paged_ref.KVCacheManager`: one table and
+one length per sequence over a :class:`~paged_ref.BlockAllocator`'s pool, and what attention
+and the K/V writes need from them (slot mappings, padded ``block_tables`` tensors). It never
+changes a table; the manager (:mod:`.manager`) takes and releases blocks.
+
+Token ``t`` of a sequence lives in block ``table[t // block_size]`` at offset
+``t % block_size``; its *slot* (its row in the cache flattened to
+``[num_blocks * block_size, ...]``) is ``table[t // block_size] * block_size + t % block_size``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
+
+import torch
+
+from paged_ref.cache_math import token_slots
+from paged_ref.memory.allocator import BlockAllocator, check_int
+
+
+class BlockTables:
+    """Tables of the sequences held in a pool of ``num_blocks`` blocks of ``block_size``
+    tokens (``on_evict``: the allocator's callback, see :class:`~paged_ref.BlockAllocator`)."""
+
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 on_evict: Callable[[int, bytes], None] | None = None) -> None:
+        self._allocator = BlockAllocator(num_blocks, block_size, on_evict=on_evict)
+        self._tables: dict[Hashable, list[int]] = {}
+        self._lens: dict[Hashable, int] = {}
+
+    # ---- sizes ------------------------------------------------------------------------------
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The allocator that owns the free blocks (read it; change it only through here)."""
+        return self._allocator
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self._allocator.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._allocator.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds: plain free + evictable (cached, held by nobody)."""
+        return self._allocator.num_free_blocks
+
+    @property
+    def seq_ids(self) -> list[Hashable]:
+        """Ids of the sequences held, oldest first (a new list)."""
+        return list(self._tables)
+
+    def has_sequence(self, seq_id: Hashable) -> bool:
+        """Whether ``seq_id`` is held."""
+        try:
+            return seq_id in self._tables
+        except TypeError:  # unhashable: cannot be held
+            return False
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return self.has_sequence(seq_id)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    # ---- reading state ----------------------------------------------------------------------
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """Physical block ids of ``seq_id``, in logical order (a copy)."""
+        return list(self._table(seq_id))
+
+    def seq_len(self, seq_id: Hashable) -> int:
+        """Tokens held for ``seq_id``."""
+        self._table(seq_id)
+        return self._lens[seq_id]
+
+    def slot_mapping(self, seq_id: Hashable, start: int = 0, end: int | None = None) -> list[int]:
+        """Slots of tokens ``start .. end-1`` of ``seq_id`` (``end`` defaults to its length).
+
+        Prefill writes a prompt's K/V with ``cache.write(layer, k, v, m.slot_mapping(seq_id))``.
+
+        Raises:
+            ValueError: unknown ``seq_id``, or not ``0 <= start <= end <= seq_len``.
+        """
+        table = self._table(seq_id)
+        length = self._lens[seq_id]
+        start = check_int("start", start)
+        end = length if end is None else check_int("end", end)
+        if not start <= end <= length:
+            raise ValueError(
+                f"need 0 <= start <= end <= seq_len, got start={start}, end={end}, "
+                f"seq_len={length} for sequence {seq_id!r}"
+            )
+        return token_slots(table, end, self.block_size, start)
+
+    def batch_tables(
+        self, seq_ids: Iterable[Hashable], device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``block_tables`` and ``seq_lens`` that ``paged_ref.paged_attention`` takes.
+
+        Returns:
+            block_tables: int32 ``[len(seq_ids), max_blocks]``, ``max_blocks`` the longest
+                table (at least 1); unused entries are -1.
+            seq_lens: int32 ``[len(seq_ids)]``.
+        """
+        seq_ids = list(seq_ids)
+        tables = [self._table(s) for s in seq_ids]
+        width = max([1] + [len(t) for t in tables])
+        block_tables = torch.full((len(seq_ids), width), -1, dtype=torch.int32)
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        seq_lens = torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int32)
+        return block_tables.to(device), seq_lens.to(device)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _check_new_id(self, name: str, seq_id: Hashable) -> None:
+        """``TypeError`` if ``seq_id`` is unhashable, ``ValueError`` if it is already held."""
+        try:
+            hash(seq_id)
+        except TypeError:
+            raise TypeError(
+                f"{name} must be hashable (an int or a str), got {type(seq_id).__name__}"
+            ) from None
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+
+    def _blocks_for_step(self, seq_ids: list[Hashable], ref_count: Callable[[int], int]) -> int:
+        """New blocks one decode step of ``seq_ids`` takes: one per sequence at a block
+        boundary, plus the copy-on-writes (``c`` writers into a block ``r`` sequences hold
+        copy ``min(c, r - 1)`` times: the last holder writes in place; ``ref_count(block)``:
+        how many sequences hold a block)."""
+        writers: Counter[int] = Counter()
+        needed = 0
+        for seq_id in seq_ids:
+            if self._lens[seq_id] % self.block_size == 0:
+                needed += 1
+            else:
+                writers[self._tables[seq_id][-1]] += 1
+        for block_id, count in writers.items():
+            needed += min(count, ref_count(block_id) - 1)
+        return needed
+
+    def _table(self, seq_id: Hashable) -> list[int]:
+        """The live table of ``seq_id``; ``ValueError`` naming the id if it is not held."""
+        if not self.has_sequence(seq_id):
+            raise ValueError(f"unknown sequence {seq_id!r}")
+        return self._tables[seq_id]

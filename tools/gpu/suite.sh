@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite on the GPU machine (everything but the notebooks and the browser test,
+# which need Jupyter and Chromium; tools/gpu/notebooks.sh runs the lessons there as plain
+# Python): every Triton kernel compiled, the CUDA kernels, the engine with CUDA graphs.
+# Writes $OUT/suite.log, stamped with GPU, versions, date and commit (results/h200/suite.log).
+# Carry .whl (hypothesis, sortedcontainers, pytest-xdist, execnet, ...) and build/cubins.tar.xz.
+#   PAGED_REF_COMMIT=<hash> bash tools/gpu/suite.sh [pytest arguments]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/suite_out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 5
+fi
+export PYTHONPATH=$PWD:/tmp/site CUDA_HOME=$(dirname "$(dirname "$(which nvcc)")")
+if [ -f build/cubins.tar.xz ]; then
+    mkdir -p build && tar -C build -xJf build/cubins.tar.xz && export PAGED_REF_CACHE=$PWD/build/cubins
+fi
+LOG="$OUT/suite.log"
+{
+    echo "# pytest tests on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+    python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
+    echo "# date $(date -u +%Y-%m-%d), commit ${PAGED_REF_COMMIT:-unknown}"
+} | tee "$LOG"
+timeout "${SUITE_SECONDS:-540}" python3 -m pytest tests --ignore=tests/browser -q -ra \
+    -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist loadfile "$@" 2>&1 \
+    | grep -v "^tests/.*PASSED" | tee -a "$LOG" | tail -25
