@@ -36,24 +36,19 @@ from paged_bench.common import name_list, suite_parser
 from paged_course.results import environment, write_result
 from paged_course.serving import cost_model as cm
 from paged_course.serving import driver, sweep, workload
-from paged_course.serving.runners import instrument, simulation_engine
+from paged_course.serving.runners import instrument
 
 MODELS = ("smollm2-135m-real", "llama-3.2-1b-like")
 DATASETS = tuple(workload.LENGTHS)
 FACTORS = "0.5,0.8,1.0,1.25,1.6"
 REQUESTS = {"ShareGPT-like": 80, "Alpaca-like": 160}
-#: The CPU's tiny simulated config: a 1,024-token pool, reservations of 256 tokens (4 held).
-TINY = dict(num_blocks=64, block_size=16, max_model_len=256, requests=(24, 48))
+#: The CPU's tiny simulated config: a 2,048-token pool, reservations of 512 tokens (4 held);
+#: requests per dataset in DATASETS' order.
+TINY = dict(num_blocks=128, block_size=16, max_model_len=512, requests=(24, 48))
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def step_seconds(cost: cm.CostModel, trace: workload.Trace):
-    """Decode-step seconds at batch ``b``, each request at the trace's mean context."""
-    ctx = sum(r.prompt_len + r.output_len / 2 for r in trace.requests) / len(trace.requests)
-    return lambda b: cost(cm.StepShape(b, b, int(b * ctx)))
 
 
 def plan(traces: dict, policies, cost: cm.CostModel, factors, num_blocks: int,
@@ -64,7 +59,7 @@ def plan(traces: dict, policies, cost: cm.CostModel, factors, num_blocks: int,
     rows = []
     for policy in policies:
         for name, trace in traces.items():
-            step = step_seconds(cost, trace)
+            step = sweep.decode_step_seconds(cost, trace)
             cap = sweep.capacity_rps(policy, trace, num_blocks, block_size, step)
             n, longest = len(trace), max(r.output_len for r in trace.requests) * step(1)
             rates = sweep.rate_grid(cap, factors)
@@ -151,20 +146,16 @@ def run_model(name: str, model, args, result: dict, save, deadline: float) -> No
 def simulate_tiny(args) -> dict:
     """The CPU's version: the real scheduler with a null runner, simulated time
     (:data:`paged_course.serving.cost_model.PRIOR_H200`), a tiny config."""
-    cost, curves, out = cm.PRIOR_H200, {}, []
+    cost, out = cm.PRIOR_H200, []
     for name, n in zip(DATASETS, TINY["requests"], strict=True):
-        trace = workload.make_trace(name, n, 1.0, seed=args.seed, max_len=TINY["max_model_len"])
-        curves[name] = {}
-        for policy in args.policies:
-            cap = sweep.capacity_rps(policy, trace, TINY["num_blocks"], TINY["block_size"],
-                                     step_seconds(cost, trace))
-            log(f"{name} {policy} (simulated, {n} requests):")
-            curves[name][policy] = sweep.sweep_policy(
-                lambda p=policy: simulation_engine(p, num_blocks=TINY["num_blocks"],
-                                                   max_model_len=TINY["max_model_len"]),
-                trace, sweep.rate_grid(cap, args.factors), lambda: driver.SimulatedClock(cost),
-                progress=log)
-        out += sweep.records(curves[name], name)
+        if name in args.datasets:
+            trace = workload.make_trace(name, n, 1.0, seed=args.seed,
+                                        max_len=TINY["max_model_len"])
+            curves, _ = sweep.simulated_curves(trace, cost, num_blocks=TINY["num_blocks"],
+                                               block_size=TINY["block_size"],
+                                               factors=args.factors, policies=args.policies,
+                                               progress=log)
+            out += sweep.records(curves, name)
     return {"simulated": True, "cost_model": cost.to_dict(), **TINY, "results": out}
 
 

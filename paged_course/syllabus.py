@@ -1,4 +1,4 @@
-"""The course's lessons, 00 to 11, and which of them exist in this checkout.
+"""The course's lessons, 00 to 12, and which of them exist in this checkout.
 
 A lesson *exists* when its notebook ``notebooks/NN_*.ipynb`` is there; the others are planned.
 Lesson 00 prints this table from the files, so it never claims a lesson that is not written.
@@ -41,6 +41,8 @@ LESSONS = (
            "measured", "timings only"),
     Lesson(10, "quantised KV caches", "FP8 / INT4 caches with scales", "timings only"),
     Lesson(11, "two GPUs", "moving KV blocks between GPUs", "yes (two)"),
+    Lesson(12, "serving under load", "Poisson arrivals, latency against request rate, paging "
+           "vs reservation: the paper's headline, measured", "timings only"),
 )
 
 

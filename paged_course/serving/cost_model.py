@@ -124,3 +124,22 @@ def fit_error(model: CostModel, rows: Iterable) -> dict:
     return {"r2": 1 - float(np.sum((y - pred) ** 2)) / ss if ss else float("nan"),
             "median_rel_error": float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12))),
             "total_rel_error": float(pred.sum() / max(y.sum(), 1e-12) - 1), "steps": len(y)}
+
+
+def committed(model: str = "smollm2-135m-real") -> tuple[CostModel, str]:
+    """The per-step cost model of the committed GPU run (``results/h200/serving.json``, the
+    ``"wall"`` fit of ``model``'s steps) and a line that says where it comes from; without a
+    committed run, :data:`PRIOR_H200` and a line that says so."""
+    from paged_course.results import result_path
+
+    path = result_path("serving")
+    if path.exists():
+        import json
+
+        data = json.loads(path.read_text())
+        fitted = data.get("cost_models", {}).get(model)
+        if fitted:
+            return (CostModel.from_dict(fitted["wall"]), f"fitted to {fitted['wall']['steps']} "
+                    f"steps of {model} on the {data['gpu']}, {data['date']} ({path.name})")
+    return PRIOR_H200, ("PRIOR_H200: no committed serving run yet; derived from the committed "
+                        "decode steps of results/h200/engine.json")

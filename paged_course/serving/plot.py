@@ -5,11 +5,40 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from paged_course.serving.driver import RunResult
+from paged_course.serving.workload import Trace
 
 COLORS = {"paged": "tab:green", "reserve_oracle": "tab:blue", "reserve_pow2": "tab:orange",
           "reserve_max": "tab:red"}
 LABELS = {"paged": "paged (vLLM)", "reserve_oracle": "reserve oracle (Orca Oracle)",
           "reserve_pow2": "reserve pow2 (Orca Pow2)", "reserve_max": "reserve max (Orca Max)"}
+
+
+def plot_arrivals(traces: dict[str, Trace], seconds_per_token: float, title: str = ""):
+    """Per trace (label -> :class:`Trace`), one panel: each request a bar from its arrival for
+    as long as its output takes alone (``output_len * seconds_per_token``), and the number of
+    bars that overlap (right axis): the batch the load asks for, before memory has a say.
+    Returns the figure."""
+    fig, axes = plt.subplots(1, len(traces), figsize=(5.2 * len(traces), 3.2), squeeze=False)
+    for ax, (label, trace) in zip(axes[0], traces.items(), strict=True):
+        starts = [r.arrival_s for r in trace.requests]
+        ends = [r.arrival_s + r.output_len * seconds_per_token for r in trace.requests]
+        ax.barh(range(len(starts)), [e - s for s, e in zip(starts, ends, strict=True)],
+                left=starts, height=0.8, color="tab:blue", alpha=0.6)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("request (arrival order)")
+        events = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends])
+        t, n = [0.0], [0]
+        for when, step in events:
+            t += [when, when]
+            n += [n[-1], n[-1] + step]
+        twin = ax.twinx()
+        twin.plot(t, n, color="black", lw=1)
+        twin.set_ylabel("requests at once", fontsize=8)
+        ax.set_title(label, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def plot_timeline(runs: dict[str, RunResult], title: str = "", axes=None):

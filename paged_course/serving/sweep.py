@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from paged_course.serving.driver import RunResult, run, summarize
+from paged_course.serving.cost_model import CostModel, StepShape
+from paged_course.serving.driver import RunResult, SimulatedClock, run, summarize
 from paged_course.serving.workload import Trace
 from paged_course.simulate import reserved_slots
 from paged_ref.cache_math import blocks_needed
@@ -112,6 +113,13 @@ def capacity_rps(policy: str, trace: Trace, num_blocks: int, block_size: int,
     return held / (mean_out * step_seconds(max(1, round(held))))
 
 
+def decode_step_seconds(cost: CostModel, trace: Trace) -> Callable[[int], float]:
+    """``b -> cost`` of a decode step of ``b`` requests, each at ``trace``'s mean context
+    (prompt + half the output): what :func:`capacity_rps` takes as ``step_seconds``."""
+    ctx = sum(r.prompt_len + r.output_len / 2 for r in trace.requests) / len(trace.requests)
+    return lambda b: cost(StepShape(b, b, int(b * ctx)))
+
+
 def rate_grid(capacity: float, factors: Sequence[float] = (0.3, 0.6, 0.85, 1.05, 1.3),
               digits: int = 3) -> list[float]:
     """Rates around a knee: ``capacity`` x ``factors``, rounded to ``digits`` significant digits."""
@@ -159,3 +167,29 @@ def records(curves: dict[str, list[dict]], dataset: str,
             if rec["policy"] == "paged" and rate.get(other) and rate["paged"] is not None:
                 rec[f"x_{other}"] = rate["paged"] / rate[other]
     return out
+
+
+def simulated_curves(trace: Trace, cost: CostModel, *, num_blocks: int, block_size: int = 16,
+                     factors: Sequence[float] = (0.3, 0.6, 0.85, 1.05, 1.3),
+                     policies: Sequence[str] = POLICIES,
+                     progress: Callable[[str], None] | None = None
+                     ) -> tuple[dict[str, list[dict]], dict[str, list[RunResult]]]:
+    """Every policy's curve in simulated time: the real scheduler and block manager
+    (:func:`~paged_course.serving.runners.simulation_engine`, ``num_blocks`` blocks,
+    ``max_model_len = trace.max_len``), each step lasting ``cost`` seconds, at ``factors`` x
+    the policy's :func:`capacity_rps`. Returns ``(curves, runs)``, both keyed by policy."""
+    from paged_course.serving.runners import simulation_engine
+
+    curves, runs = {}, {}
+    for policy in policies:
+        cap = capacity_rps(policy, trace, num_blocks, block_size,
+                           decode_step_seconds(cost, trace))
+        if progress is not None:
+            progress(f"{trace.dataset} {policy} (simulated, {len(trace)} requests):")
+        runs[policy] = []
+        curves[policy] = sweep_policy(
+            lambda p=policy: simulation_engine(p, num_blocks=num_blocks, block_size=block_size,
+                                               max_model_len=trace.max_len),
+            trace, rate_grid(cap, factors), lambda: SimulatedClock(cost), progress=progress,
+            keep=runs[policy])
+    return curves, runs

@@ -325,3 +325,65 @@ def test_paged_holds_more_than_reserve_max_when_memory_binds():
     assert got["paged"]["mean_running"] > got["reserve_oracle"]["mean_running"]
     assert (got["paged"]["mean_normalized_latency_s"]
             < got["reserve_max"]["mean_normalized_latency_s"])
+
+
+# ---- runner wrappers, the committed cost model, the pictures ------------------------------
+
+
+def test_runner_wrappers_report_shapes_and_delegate():
+    from types import SimpleNamespace
+
+    import torch
+
+    from paged_course.serving.runners import NullRunner, TimedRunner, instrument
+
+    inner = SimpleNamespace(cache="the cache", device=torch.device("cpu"),
+                            execute=lambda step, sampling=None: [5] * len(step.sample_rows))
+    engine = SimpleNamespace(runner=inner)
+    step = SimpleNamespace(input_ids=[4, 8, 9, 1, 2], seq_lens=[3, 40], sample_rows=[0, 1])
+    instrument(engine, null=True)
+    assert isinstance(engine.runner, NullRunner) and engine.runner.cache == "the cache"
+    assert engine.runner.execute(step) == [0, 0]
+    assert engine.runner.take_shape() == StepShape(5, 2, 43)
+    assert engine.runner.take_shape() is None  # (once)
+    instrument(engine)  # unwraps the null runner first
+    assert isinstance(engine.runner, TimedRunner) and engine.runner.inner is inner
+    assert engine.runner.execute(step) == [5, 5]
+    (shape, seconds), = engine.runner.times
+    assert shape == StepShape(5, 2, 43) and seconds >= 0
+
+
+def test_committed_cost_model_or_the_prior(tmp_path, monkeypatch):
+    import json
+
+    from paged_course import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    assert cost_model.committed()[0] == cost_model.PRIOR_H200
+    assert "no committed serving run" in cost_model.committed()[1]
+    (tmp_path / "h200").mkdir()
+    fitted = {"a": 2e-3, "b": 1e-6, "c": 3e-6, "d": 4e-9, "steps": 812, "r2": 0.9}
+    (tmp_path / "h200" / "serving.json").write_text(json.dumps({
+        "gpu": "NVIDIA H200", "date": "2026-12-02",
+        "cost_models": {"smollm2-135m-real": {"wall": fitted}}}))
+    model, where = cost_model.committed()
+    assert model == CostModel(2e-3, 1e-6, 3e-6, 4e-9) and "812 steps" in where
+
+
+def test_pictures():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from paged_course.serving import plot
+
+    res = fake_run(driver)
+    fig = plot.plot_timeline({"paged": res, "reserve_max": res})
+    assert len(fig.axes) == 2 and "simulated" in fig.axes[-1].get_xlabel()
+    curve = pts((1, 1.0), (2, 1.5), (3, 4.0))
+    recs = [{**r, "model": m} for m in ("m1", "m2")
+            for r in sweep.records({"paged": curve, "reserve_max": curve}, "d")]
+    fig = plot.plot_curves(recs, simulated=True)
+    assert len(fig.axes) == 2 and fig.axes[1].get_title() == "m2, d"
+    assert len(fig.axes[0].lines) == 2 + 2 + 1  # two curves, two sustained marks, the bound
+    fig = plot.plot_arrivals({"a": hand_trace()}, seconds_per_token=0.01)
+    assert len(fig.axes) == 2  # (the count of overlapping requests on a twin axis)
