@@ -15,11 +15,13 @@ latency, minimum over the policies, per model and dataset); the sustained rate i
 where a curve crosses it (:mod:`paged_course.serving.sweep`).
 
 Per model: a calibration run (paged, every request at once) fits the per-step cost model
-``a + b*tokens + c*seqs + d*kv_tokens`` (:mod:`paged_course.serving.cost_model`); from it each
-policy's capacity and its grid (``--factors`` x capacity), and the time each point should take;
-points that would overrun ``--budget-s`` are dropped (said so). Every step of every run
-(tokens, seqs, KV tokens, wall seconds; GPU seconds of the runner from CUDA events) feeds the
-committed cost model, which lesson 12 uses for its simulated clock.
+``a + b*tokens + c*seqs + d*kv_tokens`` (:mod:`paged_course.serving.cost_model`). With the
+first model's, the CPU simulation (the real scheduler, a null runner, that cost model's time)
+finds each policy's knee; each grid is ``--factors`` x that knee (scaled for the second model
+by the ratio of its step cost), and points that would overrun ``--budget-s`` are dropped
+(said so). Each record keeps the simulated knee beside the measured sustained rate. Every step
+of every run (tokens, seqs, KV tokens, wall seconds; GPU seconds of the runner from CUDA
+events) feeds the committed cost model, which lesson 12 uses for its simulated clock.
 
 Writes ``serving.json`` (+ ``serving.png``) to ``--out``: records ``{"model", "policy",
 "dataset", "sustained_rate_rps", "curve": [{"rate_rps", "mean_normalized_latency_s",
@@ -40,7 +42,11 @@ from paged_course.serving.runners import instrument
 
 MODELS = ("smollm2-135m-real", "llama-3.2-1b-like")
 DATASETS = tuple(workload.LENGTHS)
-FACTORS = "0.5,0.8,1.0,1.25,1.6"
+FACTORS = "0.5,0.8,1.0,1.2,1.5"
+#: The simulated search for each knee: multiples of the analytic capacity.
+KNEE_FACTORS = (0.3, 0.6, 0.9, 1.2)
+#: Requests of the calibration run (all at once), twice: the first compiles.
+WARM_REQUESTS = 48
 REQUESTS = {"ShareGPT-like": 80, "Alpaca-like": 160}
 #: The CPU's tiny simulated config: a 2,048-token pool, reservations of 512 tokens (4 held);
 #: requests per dataset in DATASETS' order.
@@ -51,20 +57,39 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def plan(traces: dict, policies, cost: cm.CostModel, factors, num_blocks: int,
-         block_size: int) -> list[dict]:
-    """Per (policy, dataset): capacity (req/s), the grid, and each point's estimated seconds
-    (arrivals over the point's time or its service at capacity, whichever is longer, plus the
-    longest request alone)."""
+def simulated_knees(traces: dict, policies, cost: cm.CostModel, num_blocks: int,
+                    block_size: int, factors=KNEE_FACTORS) -> dict[tuple[str, str], float]:
+    """Per (policy, dataset): the sustained rate the CPU simulation predicts -- the real
+    scheduler with a null runner, ``cost``'s time, the GPU run's pool -- where the GPU grid is
+    centred (the analytic capacity misses where head-of-line blocking puts the knee)."""
+    knees = {}
+    for name, trace in traces.items():
+        curves, _ = sweep.simulated_curves(trace, cost, num_blocks=num_blocks,
+                                           block_size=block_size, factors=factors,
+                                           policies=policies)
+        for rec in sweep.records(curves, name):
+            rate = rec["sustained_rate_rps"]
+            lowest = min(p["rate_rps"] for p in rec["curve"])
+            knees[rec["policy"], name] = rate if rate is not None else lowest / 2
+    return knees
+
+
+def plan(traces: dict, knees: dict, factors, cost: cm.CostModel, num_blocks: int,
+         block_size: int, scale: float = 1.0) -> list[dict]:
+    """Per (policy, dataset): the grid (``factors`` x the simulated knee x ``scale``) and each
+    point's estimated seconds: its arrivals or its service at the knee, whichever is longer,
+    plus the longest request alone (its output at ``cost``'s decode step of the batch the
+    policy fits)."""
     rows = []
-    for policy in policies:
-        for name, trace in traces.items():
-            step = sweep.decode_step_seconds(cost, trace)
-            cap = sweep.capacity_rps(policy, trace, num_blocks, block_size, step)
-            n, longest = len(trace), max(r.output_len for r in trace.requests) * step(1)
-            rates = sweep.rate_grid(cap, factors)
-            rows.append({"policy": policy, "dataset": name, "capacity_rps": cap, "rates": rates,
-                         "est_s": [max(n / r, n / cap) + longest for r in rates]})
+    for (policy, name), knee in knees.items():
+        trace, knee = traces[name], knee * scale
+        held = sweep.held_at_once(policy, trace, num_blocks, block_size)
+        step = sweep.decode_step_seconds(cost, trace)(max(1, round(held)))
+        longest = max(r.output_len for r in trace.requests) * step
+        rates = sweep.rate_grid(knee, factors)
+        rows.append({"policy": policy, "dataset": name, "knee_rps": knee, "rates": rates,
+                     "est_s": [max(len(trace) / r, len(trace) / knee) + longest
+                               for r in rates]})
     return rows
 
 
@@ -102,11 +127,14 @@ def fitted(rows: list[tuple]) -> dict:
     return {**model.to_dict(), **cm.fit_error(model, rows)}
 
 
-def run_model(name: str, model, args, result: dict, save, deadline: float) -> None:
-    """Calibrate, plan, sweep every policy x dataset for one model; records into ``result``."""
+def run_model(name: str, model, args, result: dict, save, deadline: float, knees: dict) -> None:
+    """Calibrate, plan, sweep every policy x dataset for one model; records into ``result``.
+    ``knees`` (filled by the first model, reused by the next, scaled by their step costs):
+    ``{"step_s": the first model's decode step at batch 16, "rates": {(policy, dataset):
+    simulated knee}}``."""
     t0 = time.perf_counter()
     paged = gpu_engine(model, "paged", args)
-    warm = workload.make_trace("ShareGPT-like", 48, 1e4, seed=99, max_len=args.max_model_len)
+    warm = workload.make_trace("ShareGPT-like", WARM_REQUESTS, 1e4, seed=99, max_len=args.max_model_len)
     calib = [driver.run(paged, warm, driver.WallClock()) for _ in range(2)]  # 1st compiles
     cost = cm.fit(step_rows(calib[1:]))
     log(f"{name}: engine ready and calibrated in {time.perf_counter() - t0:.0f} s; cost model "
@@ -114,11 +142,19 @@ def run_model(name: str, model, args, result: dict, save, deadline: float) -> No
         f"d={cost.d * 1e9:.2f} ns/KV token")
     traces = {d: workload.make_trace(d, args.requests[d], 1.0, seed=args.seed,
                                      max_len=args.max_model_len) for d in args.datasets}
-    rows = fit_to_budget(plan(traces, args.policies, cost, args.factors, args.num_blocks,
-                              args.block_size), deadline - time.perf_counter() - 10)
+    batch = sweep.decode_step_seconds(cost, traces[args.datasets[0]])(16)
+    if not knees:
+        t1 = time.perf_counter()
+        knees.update(step_s=batch, rates=simulated_knees(traces, args.policies, cost,
+                                                         args.num_blocks, args.block_size))
+        log(f"  simulated knees in {time.perf_counter() - t1:.0f} s: " + ", ".join(
+            f"{p}/{d} {k:.3g}" for (p, d), k in knees["rates"].items()))
+    rows = fit_to_budget(plan(traces, knees["rates"], args.factors, cost, args.num_blocks,
+                              args.block_size, knees["step_s"] / batch),
+                         deadline - time.perf_counter() - 10)
     for r in rows:
-        log(f"  plan {r['policy']:>14} {r['dataset']:>13}: capacity ~{r['capacity_rps']:.3g} "
-            f"req/s, rates {r['rates']}, ~{sum(r['est_s']):.0f} s")
+        log(f"  plan {r['policy']:>14} {r['dataset']:>13}: knee ~{r['knee_rps']:.3g} req/s, "
+            f"rates {r['rates']}, ~{sum(r['est_s']):.0f} s")
     curves: dict[str, dict[str, list]] = {d: {} for d in traces}
     runs, gpu_times = calib[1:], []
     for policy in args.policies:
@@ -135,8 +171,12 @@ def run_model(name: str, model, args, result: dict, save, deadline: float) -> No
                 max_seconds=args.max_point_s, progress=log, keep=runs)
         gpu_times += [(s.tokens, s.seqs, s.kv_tokens, g) for s, g in engine.runner.times]
         del engine
-    result["results"] += [{"model": name, **rec} for d, c in curves.items() if c
-                          for rec in sweep.records(c, d)]
+    del paged
+    for d, c in curves.items():
+        for rec in sweep.records(c, d) if c else []:
+            plan_row = next(r for r in rows if (r["policy"], r["dataset"]) == (rec["policy"], d))
+            result["results"].append({"model": name, **rec,
+                                      "simulated_knee_rps": plan_row["knee_rps"]})
     result["cost_models"][name] = {"wall": fitted(step_rows(runs)), "gpu": fitted(gpu_times),
                                    "calibration": cost.to_dict()}
     result["plans"][name] = rows
@@ -187,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=parse_requests, default="",
                    help="per dataset, e.g. ShareGPT-like=80,Alpaca-like=160 (the defaults)")
     p.add_argument("--factors", type=lambda s: [float(x) for x in s.split(",")], default=FACTORS,
-                   help="each policy's rates, as multiples of its estimated capacity")
+                   help="each policy's rates, as multiples of its knee (on a GPU: the "
+                   "simulated sustained rate; on a CPU: the estimated capacity)")
     p.add_argument("--num-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -217,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                    "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
                    "requests": args.requests, "cost_models": {}, "plans": {}})
     models = [m for m in args.models if m != "smollm2-135m-real" or has_gguf()]
+    knees: dict = {}
     for i, name in enumerate(models):
         t0 = time.perf_counter()
         model = build_model(name, dtype=torch.bfloat16, device="cuda")
         log(f"{name}: loaded in {time.perf_counter() - t0:.0f} s")
         share = (args.budget_s - (time.perf_counter() - start)) / (len(models) - i)
         run_model(name, model, args, result, lambda: write_result(result, args.out),
-                  time.perf_counter() + share)
+                  time.perf_counter() + share, knees)
         del model
         torch.cuda.empty_cache()
     write_png(result, args.out.with_suffix(".png"), simulated=False)

@@ -25,19 +25,33 @@ def test_serving_is_a_suite():
 
 def test_plan_estimates_and_the_budget_drops_the_costliest_points(capsys):
     cost = cm.CostModel(a=4e-3, c=2e-5, d=1e-8)
-    rows = suite.plan(traces(), ("paged", "reserve_max"), cost, [0.5, 0.8, 1.0, 1.25, 1.6],
-                      1024, 16)
+    knees = {("paged", "ShareGPT-like"): 20.0, ("reserve_max", "ShareGPT-like"): 5.0,
+             ("paged", "Alpaca-like"): 200.0, ("reserve_max", "Alpaca-like"): 40.0}
+    rows = suite.plan(traces(), knees, [0.5, 0.8, 1.0, 1.2, 1.5], cost, 1024, 16, scale=2.0)
     assert len(rows) == 4 and all(len(r["rates"]) == len(r["est_s"]) == 5 for r in rows)
     for r in rows:
-        assert r["rates"] == sorted(r["rates"]) and r["est_s"][0] > r["est_s"][-2]
-    cap = {(r["policy"], r["dataset"]): r["capacity_rps"] for r in rows}
-    assert cap["paged", "ShareGPT-like"] > 2 * cap["reserve_max", "ShareGPT-like"]
+        assert r["knee_rps"] == 2 * knees[r["policy"], r["dataset"]]
+        assert r["rates"] == [r["knee_rps"] * f for f in (0.5, 0.8, 1.0, 1.2, 1.5)]
+        assert r["est_s"][0] > r["est_s"][1] > r["est_s"][2] == r["est_s"][-1]
     total = sum(sum(r["est_s"]) for r in rows)
     kept = suite.fit_to_budget([dict(r) for r in rows], total * 0.7)
     assert sum(sum(r["est_s"]) for r in kept) <= total * 0.7
     assert all(len(r["rates"]) >= 3 for r in kept) and "dropping" in capsys.readouterr().out
     floor = suite.fit_to_budget([dict(r) for r in rows], 1.0)
     assert all(len(r["rates"]) == 3 for r in floor) and "even at 3" in capsys.readouterr().out
+
+
+def test_simulated_knees_order_the_policies():
+    pytest.importorskip("transformers")
+    from paged_ref.engine import engine as engine_module
+
+    if not hasattr(engine_module.Engine, "add_request"):
+        pytest.skip("paged_ref.engine has no online API here")
+    trace = workload.make_trace("Alpaca-like", 40, 1.0, seed=0, max_len=256)
+    knees = suite.simulated_knees({"Alpaca-like": trace}, ("paged", "reserve_max"),
+                                  cm.PRIOR_H200, 64, 16, factors=(0.3, 0.7, 1.1))
+    assert set(knees) == {("paged", "Alpaca-like"), ("reserve_max", "Alpaca-like")}
+    assert knees["paged", "Alpaca-like"] > 2 * knees["reserve_max", "Alpaca-like"] > 0
 
 
 def test_requests_option():
