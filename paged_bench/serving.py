@@ -134,7 +134,8 @@ def run_model(name: str, model, args, result: dict, save, deadline: float, knees
     simulated knee}}``."""
     t0 = time.perf_counter()
     paged = gpu_engine(model, "paged", args)
-    warm = workload.make_trace("ShareGPT-like", WARM_REQUESTS, 1e4, seed=99, max_len=args.max_model_len)
+    warm = workload.make_trace("ShareGPT-like", WARM_REQUESTS, 1e4, seed=99,
+                               max_len=args.max_model_len)
     calib = [driver.run(paged, warm, driver.WallClock()) for _ in range(2)]  # 1st compiles
     cost = cm.fit(step_rows(calib[1:]))
     log(f"{name}: engine ready and calibrated in {time.perf_counter() - t0:.0f} s; cost model "
