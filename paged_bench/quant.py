@@ -184,14 +184,16 @@ def run_case(name: str, lens: list[int], formats, who: str, copy_bw: float, conf
 
 def family(row: dict) -> str:
     """Whose kernel a row timed: ``"ours"`` (Triton), ``"ours-CUDA"`` or ``"FlashInfer"``."""
-    if row["backend"] == "flashinfer":
-        return "FlashInfer"
-    return "ours-CUDA" if row["backend"].startswith("cuda_") else "ours"
+    from paged_course.quant_deep import family as kernel_family
+
+    return {"Triton": "ours", "CUDA": "ours-CUDA", "FlashInfer": "FlashInfer"}[
+        kernel_family(row)]
 
 
 def read_ceiling(result: dict, case: str, kv_format: str = "int4") -> dict:
-    """From a read-ceiling measurement (``results/h200/int4_read_ceiling.json``: kernels that
-    only read a case's cache through its table; docs/lab_notes.md), for one case and cache
+    """From a read-ceiling measurement (the ``int4_read_ceiling`` / ``fp8_read_ceiling`` parts
+    of ``results/h200/short_calls_study.json``: kernels that only read a case's cache through
+    its table, with ``rows`` and ``copy_bw_gbps``; docs/lab_notes.md), for one case and cache
     format, the fastest row (by ``ms``, over the turns) of the ``kernel``, of the best bare paged
     ``reader`` (the rings that read every byte the kernel does: not the codes-only one) and of
     the ``flat`` read; and ``bar_us``, the time that is 85 % of copy bandwidth for the kernel's

@@ -226,6 +226,97 @@ def plot_codes_vs_values(samples: dict, layer_index: int = 1, head: int = 0):
     return fig
 
 
+def format_layout(head_dim: int = 128, formats=("bf16", *FORMATS)) -> list[dict]:
+    """Per format, the tensors one cache holds and their bytes per token-head, counted on a
+    small quantised cache: ``{"format", "tensors": [(name, dtype, bytes), ...], "total"}``
+    (``fp8``'s one scale per layer is 0 bytes a token)."""
+    x = torch.randn(2, 16, 2, head_dim, dtype=torch.bfloat16)  # [blocks, block, heads, D]
+    per = x.shape[0] * x.shape[1] * x.shape[2]                  # token-heads in it
+    rows = []
+    for fmt in formats:
+        if fmt == "bf16":
+            tensors = [("values", "bfloat16", x.nbytes / per)]
+        else:
+            q = quantize(x, fmt)
+            tensors = [("codes", str(q.data.dtype).removeprefix("torch."), q.data.nbytes / per)]
+            for name in ("scale", "zero"):
+                t = getattr(q, name)
+                if t is not None and t.dim() > 0:  # (a 0-dim scale: one for the layer)
+                    tensors.append((name, str(t.dtype).removeprefix("torch."), t.nbytes / per))
+        rows.append({"format": fmt, "tensors": tensors,
+                     "total": sum(b for _, _, b in tensors)})
+    return rows
+
+
+def plot_format_bytes(head_dim: int = 128):
+    """One token-head of each format as a ribbon of its bytes: the codes (for INT4, channel
+    ``i`` in a byte's low nibble and ``i + D/2`` in its high one) and, stored beside them in
+    their own tensors, the scales (and zeros)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = format_layout(head_dim)
+    colours = {"values": "#7f7f7f", "codes": "#1f77b4", "scale": "#ff7f0e", "zero": "#2ca02c"}
+    fig = Figure(figsize=(11, 3.8))
+    ax = fig.subplots()
+    for y, row in enumerate(reversed(rows)):
+        x = 0.0
+        for i, (name, dtype, nbytes) in enumerate(row["tensors"]):
+            x += 8 if i else 0  # a tensor of its own: drawn apart
+            ax.barh(y, nbytes, left=x, color=colours[name], edgecolor="k", lw=0.5)
+            if i == 0:
+                ax.text(x + nbytes / 2, y, dtype, ha="center", va="center", fontsize=8,
+                        color="w")
+            x += nbytes
+        note = {"fp8": "  + one float32 scale for the whole layer",
+                "int4": "  (a (scale, zero) pair per half head)",
+                "int4_g128": "  (one pair per head)"}.get(row["format"], "")
+        ax.text(x + 2, y, f"{row['total']:.0f} B{note}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r["format"] for r in reversed(rows)])
+    ax.set(xlabel=f"bytes per token and KV head (head_dim {head_dim})", xlim=(0, 2 * head_dim + 90),
+           title="one token-head: its codes, and beside them (own tensors) its scales and zeros")
+    ax.legend(handles=[Patch(color=c, label=n) for n, c in colours.items()], fontsize=7,
+              loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def decode_points(quant: dict, case: str = "B64_L4096") -> list[dict]:
+    """The committed quant run's best row of each (kernel family, format) on ``case``:
+    ``{"who", "kv_format", "mb", "ms", "pct"}`` (``who``: Triton, CUDA or FlashInfer)."""
+    from paged_course.quant_deep import family
+
+    return [{"who": family(r), "kv_format": r["kv_format"], "mb": r["bytes"] / 1e6,
+             "ms": r["ms"], "pct": r["pct_copy_bw"]}
+            for r in quant["results"] if r["case"] == case and r["best"]]
+
+
+def plot_time_vs_bytes(quant: dict, case: str = "B64_L4096"):
+    """Decode time against the bytes a format makes the step read, one point per kernel
+    family and format, with the lines a step at 100 % and 85 % of copy bandwidth follows."""
+    from matplotlib.figure import Figure
+
+    points = decode_points(quant, case)
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.subplots()
+    top = 1.1 * max(p["mb"] for p in points)
+    for share, style in ((1.0, "-"), (0.85, ":")):
+        ax.plot([0, top], [0, top / (share * quant["copy_bw_gbps"])], "k", ls=style, lw=0.8,
+                label=f"{share:.0%} of copy bandwidth")
+    marks = {"Triton": "o", "CUDA": "s", "FlashInfer": "^"}
+    colours = {"bf16": "#7f7f7f", "fp8": "#1f77b4", "fp8_token_head": "#17becf",
+               "int4": "#d62728", "int4_g128": "#ff7f0e"}
+    for p in points:
+        ax.plot(p["mb"], p["ms"], marks[p["who"]], ms=8, color=colours[p["kv_format"]],
+                label=f"{p['who']} {p['kv_format']}")
+    ax.set(xlabel=f"MB of K/V (codes + scales) a step reads, {case}", ylabel="ms per step",
+           xlim=(0, top), ylim=(0, None),
+           title=f"{quant['gpu']}, {quant['date']}: time follows bytes only near the line")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paged_course.quant_study",
                                 description="Attention error of quantised KV caches (CPU).")

@@ -88,7 +88,7 @@ def clean_l2_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float =
     ``rep_ms`` of timed calls), where :func:`time_ms` zeroes 256 MB. Zeroing leaves the L2 full of
     dirty lines, and a kernel that only reads (decode attention) pays for writing an L2's
     worth of them back while it streams: 6-9 us on the H200
-    (``results/h200/quant_clean_l2.json``), a tenth of an INT4 decode step of
+    (``results/h200/short_calls_study.json``, part ``clean_l2``), a tenth of an INT4 decode step of
     300 MB. A copy pays 3-4 us (its own writes stay dirty in the L2, for the next flush to
     write back). In a serving step the L2 holds few dirty lines (a step's activations are
     small), so this is the nearer measure of what decode costs there."""

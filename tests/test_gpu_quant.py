@@ -97,7 +97,7 @@ def test_gpu_bench_timer_sees_the_kernels_not_the_host():
     a flush and a call, the GPU waits for Python and the wait is counted. INT4 on
     B1_L131072 is the shortest large call (~57 us); when ``plan.run`` took 86-94 us of the
     GPU machine's host, the bench read 75 us for it, its CUDA graph 57 us
-    (``results/h200/host_in_the_timer_before.json``). The same calls replayed as
+    (``results/h200/short_calls_study.json``, part ``host_before``). The same calls replayed as
     one CUDA graph cost the host nothing: the two timings must agree."""
     from paged_bench.decode import CASES, SHAPE
     from paged_course.timing import time_ms

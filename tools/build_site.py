@@ -1,6 +1,6 @@
 """Build a static site of the course from the committed, executed notebooks (no execution).
 
-    python tools/build_site.py            # writes site/index.html, site/notebooks/NN_*.html
+    python tools/build_site.py            # writes site/index.html, site/notebooks/*.html
     python tools/build_site.py --out DIR
     make site
 
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from execute_notebooks import count_images, lesson_notebooks  # noqa: E402
 
 LINK = re.compile(r'href="([^":#]+)\.ipynb(#[^"]*)?"')
+DEEP_DIVE = re.compile(r"\d\d[a-z]_")  # 10a_..., beside lesson 10
 
 
 def title_of(nb) -> str:
@@ -58,7 +59,8 @@ def build(out: Path) -> list[tuple[str, str, int]]:
             shutil.copytree(ROOT / folder, out / folder, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))
     rows = "\n".join(
-        f'<li><a href="{page}">{html.escape(title)}</a> ({n} pictures)</li>'
+        f'<li><a href="{page}">{html.escape(title)}</a> ({n} pictures)'
+        f'{" (optional deep dive)" if DEEP_DIVE.match(Path(page).name) else ""}</li>'
         for page, title, n in pages)
     (out / "index.html").write_text(
         "<!doctype html><meta charset='utf-8'><title>Paged attention &amp; KV-cache kernels"

@@ -1,6 +1,6 @@
 """Execute the lesson notebooks on this CPU and keep their outputs, ready to commit.
 
-    python tools/execute_notebooks.py                     # every notebooks/NN_*.ipynb
+    python tools/execute_notebooks.py                     # every lesson and deep dive
     python tools/execute_notebooks.py notebooks/02_*.ipynb
     python tools/execute_notebooks.py --jobs 2            # two notebooks at a time
     make outputs                                          # the same, all notebooks
@@ -47,8 +47,10 @@ VOLATILE_CELL_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled")
 
 
 def lesson_notebooks() -> list[Path]:
-    """notebooks/NN_*.ipynb, in lesson order."""
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    """notebooks/NN_*.ipynb and the deep dives beside them (NNx_*.ipynb: 10a_..., 10b_...), in
+    course order (a lesson, then its deep dives)."""
+    found = [*NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"), *NOTEBOOKS.glob("[0-9][0-9][a-z]_*.ipynb")]
+    return sorted(found)
 
 
 def source_hash(nb: dict) -> str:
@@ -197,7 +199,8 @@ def write_workshop_table(data: dict, path: Path = WORKSHOP) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to run (default: every notebooks/NN_*.ipynb)")
+                        help="notebooks to run (default: every notebooks/NN_*.ipynb and "
+                             "NNx_*.ipynb)")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at once")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     args = parser.parse_args(argv)

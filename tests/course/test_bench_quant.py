@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from paged_bench import quant as bench_quant
@@ -98,13 +96,11 @@ def test_read_ceiling_takes_the_fastest_reader_of_all_the_bytes():
     assert got["flat"]["ms"] == 0.081
     assert abs(got["bar_us"] - 300e6 / (0.85 * 4000e9) * 1e6) < 1e-9
     # the committed run: INT4 B64_L4096's best bare reader, and FP8's B1_L131072
-    from paged_course import ROOT
+    from paged_course.quant_deep import study_part
 
-    with open(ROOT / "results/h200/int4_read_ceiling.json") as f:
-        committed = read_ceiling(json.load(f), "B64_L4096")
+    committed = read_ceiling(study_part("short_calls_study", "int4_read_ceiling"), "B64_L4096")
     assert committed["reader"]["probe"] == "bulk_s3" and committed["reader"]["ms"] < 0.0850
     assert committed["kernel"]["ms"] > committed["reader"]["ms"] > committed["bar_us"] / 1000
-    with open(ROOT / "results/h200/fp8_read_ceiling.json") as f:
-        fp8 = read_ceiling(json.load(f), "B1_L131072", "fp8")
+    fp8 = read_ceiling(study_part("short_calls_study", "fp8_read_ceiling"), "B1_L131072", "fp8")
     assert fp8["kernel"]["kv_format"] == fp8["reader"]["kv_format"] == "fp8"
     assert fp8["kernel"]["ms"] > fp8["reader"]["ms"] > fp8["bar_us"] / 1000

@@ -66,15 +66,17 @@ def test_quant_table_of_the_committed_run():
 
 
 def test_float16_dots_beat_the_first_bfloat16_build():
-    """Lesson 10: the first build (bfloat16 dots) was 5-11 % slower on every case and format."""
+    """Deep dive 10a: the first build (bfloat16 dots) was 5-11 % slower on every case and
+    format."""
     import json
 
     from paged_bench.prefill import quant_table
     from paged_course import ROOT
+    from paged_course.quant_deep import study_part
 
     now = quant_table(json.loads((ROOT / "results" / "h200" / "prefill_quant.json").read_text()))
-    first = quant_table(json.loads(  # (history: until lesson 10 no longer quotes it)
-        (ROOT / "benchmarks" / "h200" / "prefill_quant_2026-12-01_bf16_dots.json").read_text()))
+    first_build = study_part("fp8_triton_study", "prefill_bf16_dots")  # (deep dive 10a)
+    first = quant_table({"results": first_build["rows"]})
     for a, b in zip(now, first, strict=True):
         for fmt in ("fp8", "fp8_token_head", "int4"):
             assert 1.04 < b[f"{fmt} ms"] / a[f"{fmt} ms"] < 1.12, (a["case"], fmt)

@@ -1,6 +1,6 @@
 """``KernelConfig(prefetch=True)``: the decode kernels load tile i + 1 before they use tile i.
 
-Measured slower on an H200 (results/h200/triton_quant_prefetch.json), but it is a launch
+Measured slower on an H200 (results/h200/fp8_triton_study.json, part prefetch), but it is a launch
 option, so it must give the same answers: every format, one pass and split, ragged lengths
 that end inside a tile, NaN in unused slots. Planted mistakes in the prefetch (the next tile
 not advanced, the first tile skipped, in the FP8/plain loop and in the INT4 loop) are caught.

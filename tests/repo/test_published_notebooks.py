@@ -103,6 +103,50 @@ def test_timings_cover_every_notebook():
     assert not missing, f"notebooks/timings.json lacks {missing}: run `make outputs`"
 
 
+def test_deep_dives_are_found_and_follow_their_lesson():
+    """Deep dives (``NNx_*.ipynb``) are run, checked and published like lessons, each right
+    after its lesson."""
+    names = [p.name for p in NOTEBOOKS]
+    dives = [n for n in names if n[2].isalpha()]
+    assert {"10a_why_fp8_is_not_2x.ipynb", "10b_hand_written_cuda.ipynb",
+            "10c_measuring_short_calls.ipynb"} <= set(dives)
+    for dive in dives:
+        lesson = next(n for n in names if n.startswith(dive[:2] + "_"))
+        assert names.index(lesson) < names.index(dive) < names.index(lesson) + 1 + len(
+            [d for d in dives if d[:2] == dive[:2]])
+
+
+DIARY = ("this round", "earlier run", "previous run", "session", "that run's machine",
+         "still to be measured")
+
+
+def prose(nb: dict) -> str:
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("name, most_words", [
+    ("10_quantised_kv.ipynb", 2500), ("10a_why_fp8_is_not_2x.ipynb", 3500),
+    ("10b_hand_written_cuda.ipynb", 3500), ("10c_measuring_short_calls.ipynb", 3500)])
+def test_lesson_10_and_its_deep_dives_keep_the_shape(name, most_words):
+    """The issue's bar for lesson 10 and its deep dives: prose within its words, at least two
+    pictures, no diary language, the lesson's "Going further" box links every deep dive and each
+    deep dive links back."""
+    nb = load(ROOT / "notebooks" / name)
+    text = prose(nb)
+    assert len(text.split()) <= most_words, f"{name}: {len(text.split())} words of prose"
+    assert tool.count_images(nb) >= 2, name
+    found = [d for d in DIARY if d in text.lower()]
+    assert not found, f"{name}: diary language {found}"
+    assert "## What to notice" in text, name
+    if name.startswith("10_"):
+        box = text[text.index("**Going further**"):]
+        for dive in ("10a_why_fp8_is_not_2x", "10b_hand_written_cuda",
+                     "10c_measuring_short_calls"):
+            assert f"({dive}.ipynb)" in box, dive
+    else:
+        assert "(10_quantised_kv.ipynb)" in text, name
+
+
 def test_clean_strips_widgets_and_paths(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook(metadata={"widgets": {"state": {}}})

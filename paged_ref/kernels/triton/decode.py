@@ -81,13 +81,13 @@ class KernelConfig:
 
 
 #: Launch configs for quantised caches (KV_FORMAT -> config), from the H200 sweep in
-#: results/h200/triton_quant_regs.json (B64_L4096, head_dim 128, q bf16; 24 configs a format
-#: and layout, with the compiled kernel's registers): 64 tokens a tile on 2 warps was fastest
+#: results/h200/fp8_triton_study.json, part regs (B64_L4096, head_dim 128, q bf16; 24 configs a
+#: format and layout, with the compiled kernel's registers): 64 tokens a tile on 2 warps was fastest
 #: for FP8 (per tensor 66 % of copy bandwidth, 0.191 ms, against 54 % at 128 tokens on 4
 #: warps, the config before) and for INT4 (23 %). Capping registers (``maxnreg``) to fit more
 #: programs on a multiprocessor did not help. Used for head_dim <= 128 and 16-bit q (the
 #: configs measured); everything else keeps KernelConfig(). INT4 loads its next tile itself
-#: (``prefetch``): 24.7 % against 22.9 % (results/h200/triton_quant_prefetch.json), the only
+#: (``prefetch``): 24.7 % against 22.9 % (the same file, part prefetch), the only
 #: format it helped.
 QUANTISED_CONFIGS = {1: KernelConfig(64, 2, 3), 2: KernelConfig(64, 2, 3),
                      3: KernelConfig(64, 2, 1, prefetch=True)}
