@@ -5,9 +5,10 @@
     python -m paged_bench quant       # decode over FP8 / INT4 caches vs bf16
     python -m paged_bench engine      # the serving engine vs transformers
     python -m paged_bench transfer    # KV blocks between two GPUs
+    python -m paged_bench serving     # latency vs request rate: paging vs reservation
 
 Each suite is a module here with a ``main(argv)`` and its own ``--help``; :mod:`.common` is
 what they share. On a machine with no GPU a suite says so and prints what it would measure.
 """
 
-SUITES = ("decode", "prefill", "quant", "engine", "transfer")
+SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving")

@@ -1,4 +1,4 @@
-"""The course's lessons, 00 to 11, and which of them exist in this checkout.
+"""The course's lessons, 00 to 12, and which of them exist in this checkout.
 
 A lesson *exists* when its notebook ``notebooks/NN_*.ipynb`` is there; the others are planned.
 Lesson 00 prints this table from the files, so it never claims a lesson that is not written.
@@ -47,9 +47,11 @@ LESSONS = (
            "quantising write, de-quantising kernels", "timings only"),
     Lesson(11, "two GPUs", "moving a prompt's KV blocks between engines (disaggregated "
            "prefill and decode); two processes on a CPU", "timings only (two)"),
+    Lesson(12, "serving under load", "Poisson arrivals, latency against request rate, paging "
+           "vs reservation: the paper's headline, measured", "timings only"),
 )
 
-#: Lessons 00-05 are the core path; 06-11 extend it.
+#: Lessons 00-05 are the core path; 06-12 extend it.
 CORE = range(0, 6)
 
 

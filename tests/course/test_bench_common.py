@@ -69,7 +69,8 @@ def test_flashinfer_page_table_ragged_with_garbage():
     assert {t.dtype for t in (indptr, indices, last)} == {torch.int32}
 
 
-@pytest.mark.parametrize("suite", ["decode", "prefill", "quant", "engine", "transfer"])
+@pytest.mark.parametrize("suite", ["decode", "prefill", "quant", "engine", "transfer",
+                                   "serving"])
 def test_every_suite_has_help(suite, capsys):
     with pytest.raises(SystemExit) as exc:
         entry.main([suite, "--help"])

@@ -89,7 +89,7 @@ def test_syllabus_state_comes_from_the_files(tmp_path):
     (tmp_path / "03_gather_attention.ipynb").write_text("{}")
     table = syllabus.syllabus_markdown(tmp_path)
     lines = table.splitlines()[2:]
-    assert len(lines) == 12 and lines[0].startswith("| 00 ") and lines[-1].startswith("| 11 ")
+    assert len(lines) == 13 and lines[0].startswith("| 00 ") and lines[-1].startswith("| 12 ")
     assert "ready: `00_setup.ipynb`" in lines[0] and "ready: `03_gather" in lines[3]
     assert all("planned" in line for i, line in enumerate(lines) if i not in (0, 3))
 

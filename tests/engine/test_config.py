@@ -60,7 +60,7 @@ def test_eos_ids_in_every_integer_form(tiny, eos, ids):
 
 
 def test_triton_where_it_cannot_run_is_refused(tiny, monkeypatch):
-    monkeypatch.setattr(engine_module, "triton_runs_on", lambda device: False)
+    monkeypatch.setattr(engine_module._device, "triton_runs_on", lambda device: False)
     for name in ("attention_backend", "fused_backend"):
         with pytest.raises(ValueError, match=f"{name}='triton' cannot run"):
             Engine(tiny, num_blocks=8, **{name: "triton"})

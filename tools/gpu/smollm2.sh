@@ -10,7 +10,8 @@
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl_model gguf==0.19.0
 # Call 1 (carry .model/part0):  STAGE=first bash tools/gpu/smollm2.sh
 # Call 2 (carry .model/part1 .whl_model build/cubins.tar.xz):  bash tools/gpu/smollm2.sh
-#   STEPS="test notebook engine quant" chooses what the second call runs; QUANT_BACKEND,
+#   STEPS="test notebook engine quant" chooses what the second call runs (also "serving":
+#   python -m paged_bench serving, both models, ~7 minutes: run it alone); QUANT_BACKEND,
 #   QUANT_FORMATS and QUANT_PROMPTS the quant step's scoring backend, formats and prompts;
 #   NOTEBOOKS the lessons the notebook step runs (09); ENGINE_SHAPES / ENGINE_SYSTEMS the engine
 #   suite's shapes (smollm2-135m-real) and systems (all three).
@@ -47,6 +48,8 @@ for step in ${STEPS:-test notebook engine quant}; do
                 --shapes "${ENGINE_SHAPES:-smollm2-135m-real}" \
                 --systems "${ENGINE_SYSTEMS:-engine,static_generate,generate_batch}" \
                 --out "$OUT/engine_real" 2>&1 | tail -4 ;;
+    serving) timeout 520 python3 -m paged_bench serving --out "$OUT/serving.json" 2>&1 \
+                 | tee "$OUT/serving.log" | tail -60 ;;
     quant) b=${QUANT_BACKEND:-auto}  # the scoring's prefill backend (torch: a control)
            timeout 400 python3 -m paged_course.quant_lm --device cuda --dtype bfloat16 \
                --backend "$b" --prompts "${QUANT_PROMPTS:-8}" --new-tokens 256 \

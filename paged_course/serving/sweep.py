@@ -1,0 +1,195 @@
+"""Latency against request rate per reservation policy, and the sustained rate (the paper's
+Fig. 12 and its headline).
+
+The **latency bound** of a dataset is ``BOUND_FACTOR`` (2) x its *unloaded* latency, the mean
+normalized latency at the lowest rate of the sweep, taken as the minimum over the policies (at a
+low rate a request hardly waits and every policy serves it alike): one bound for every policy
+of that dataset. The **sustained rate** of a policy is the highest rate whose mean normalized
+latency stays within the bound: walking up the rates, the first point above it and the point
+before it are joined by a straight line, and the rate where that line crosses the bound is the
+answer (None if even the lowest rate is above it; the highest rate, marked as a lower bound, if
+no point is). A truncated point (a run stopped before its requests finished) counts as above,
+and the point before it is the answer (its latency, of the finished requests only, is too low to
+interpolate against).
+
+:data:`PAPER` quotes what the paper found for the same comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from paged_course.serving.cost_model import CostModel, StepShape
+from paged_course.serving.driver import RunResult, SimulatedClock, run, summarize
+from paged_course.serving.workload import Trace
+from paged_course.simulate import reserved_slots
+from paged_ref.cache_math import blocks_needed
+
+POLICIES = ("paged", "reserve_max", "reserve_pow2", "reserve_oracle")
+#: The latency bound, as a multiple of the unloaded mean normalized latency.
+BOUND_FACTOR = 2.0
+#: Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+#: PagedAttention", SOSP 2023, §6.2 (Fig. 12: OPT-13B on one A100, 66B on four, 175B on eight;
+#: ShareGPT and Alpaca lengths, Poisson arrivals; Orca re-implemented by the authors).
+PAPER = {
+    "ShareGPT": "vLLM can sustain 1.7x-2.7x higher request rates compared to Orca (Oracle) and "
+                "2.7x-8x compared to Orca (Max), while maintaining similar latencies",
+    "FasterTransformer": "Compared to FasterTransformer, vLLM can sustain up to 22x higher "
+                         "request rates",
+    "Alpaca": "a similar trend to the ShareGPT dataset. One exception is Fig. 12 (f), where "
+              "vLLM's advantage over Orca (Oracle) and Orca (Pow2) is less pronounced",
+    "batched": "for OPT-13B vLLM processes 2.2x more requests at the same time than Orca "
+               "(Oracle) and 4.3x more requests than Orca (Max)",
+}
+#: The paper's sustained-rate ratios on ShareGPT, (lowest, highest) over its three models.
+PAPER_RATIO_SHAREGPT = {"reserve_oracle": (1.7, 2.7), "reserve_max": (2.7, 8.0)}
+
+
+def _above(point: dict, bound: float) -> bool:
+    lat = point["mean_normalized_latency_s"]
+    return bool(point.get("truncated")) or not (lat <= bound)  # (NaN counts as above)
+
+
+def sustained_rate(curve: Sequence[dict], bound: float) -> tuple[float | None, bool]:
+    """``(rate, is_lower_bound)``: the highest rate (requests/s) whose mean normalized latency
+    stays within ``bound`` s/token, interpolated (see the module doc).
+
+    Args:
+        curve: points with ``rate_rps`` and ``mean_normalized_latency_s`` (any order).
+        bound: the latency bound, s/token.
+
+    Returns:
+        ``(None, False)`` if the lowest rate is already above ``bound``; ``(highest rate, True)``
+        if no point is (the sustained rate is at least that).
+    """
+    if not curve:
+        raise ValueError("curve is empty")
+    pts = sorted(curve, key=lambda p: p["rate_rps"])
+    if _above(pts[0], bound):
+        return None, False
+    for lo, hi in zip(pts, pts[1:], strict=False):
+        if _above(hi, bound):
+            r0, r1 = lo["rate_rps"], hi["rate_rps"]
+            l0, l1 = lo["mean_normalized_latency_s"], hi["mean_normalized_latency_s"]
+            if hi.get("truncated") or not math.isfinite(l1) or l1 <= l0:
+                return r0, False  # (nothing to interpolate against: the last point within)
+            return r0 + (bound - l0) / (l1 - l0) * (r1 - r0), False
+    return pts[-1]["rate_rps"], True
+
+
+def latency_bound(curves: Iterable[Sequence[dict]], factor: float = BOUND_FACTOR) -> float:
+    """``factor`` x the lowest mean normalized latency among the curves' lowest-rate points."""
+    firsts = [min(c, key=lambda p: p["rate_rps"])["mean_normalized_latency_s"] for c in curves]
+    if not firsts:
+        raise ValueError("no curves")
+    return factor * min(firsts)
+
+
+def held_at_once(policy: str, trace: Trace, num_blocks: int, block_size: int,
+                 max_num_seqs: int = 256) -> float:
+    """About how many of ``trace``'s requests fit in the pool at once under ``policy``: the
+    pool over the mean blocks one request holds -- its reservation, or for ``"paged"`` its
+    prompt plus half its output (what it holds on average while it decodes) -- at most
+    ``max_num_seqs``. A first guess for where each policy's knee lies."""
+    held = []
+    for r in trace.requests:
+        if policy == "paged":
+            held.append(blocks_needed(r.prompt_len + r.output_len // 2, block_size))
+        else:  # lesson 01's reservations: "max", "pow2", "oracle"
+            tokens = reserved_slots(policy.removeprefix("reserve_"), r.prompt_len,
+                                    r.output_len, trace.max_len)
+            held.append(blocks_needed(tokens, block_size))
+    return min(max_num_seqs, num_blocks / (sum(held) / len(held)))
+
+
+def capacity_rps(policy: str, trace: Trace, num_blocks: int, block_size: int,
+                 step_seconds: Callable[[int], float], max_num_seqs: int = 256) -> float:
+    """Requests/s the pool can serve under ``policy`` at saturation, roughly: ``C`` requests
+    at once (:func:`held_at_once`), each taking its mean output length of steps of
+    ``step_seconds(C)`` seconds."""
+    held = held_at_once(policy, trace, num_blocks, block_size, max_num_seqs)
+    mean_out = sum(r.output_len for r in trace.requests) / len(trace.requests)
+    return held / (mean_out * step_seconds(max(1, round(held))))
+
+
+def decode_step_seconds(cost: CostModel, trace: Trace) -> Callable[[int], float]:
+    """``b -> cost`` of a decode step of ``b`` requests, each at ``trace``'s mean context
+    (prompt + half the output): what :func:`capacity_rps` takes as ``step_seconds``."""
+    ctx = sum(r.prompt_len + r.output_len / 2 for r in trace.requests) / len(trace.requests)
+    return lambda b: cost(StepShape(b, b, int(b * ctx)))
+
+
+def rate_grid(capacity: float, factors: Sequence[float] = (0.3, 0.6, 0.85, 1.05, 1.3),
+              digits: int = 3) -> list[float]:
+    """Rates around a knee: ``capacity`` x ``factors``, rounded to ``digits`` significant digits."""
+    return [float(f"{capacity * f:.{digits}g}") for f in factors]
+
+
+def sweep_policy(make_engine: Callable[[], object], trace: Trace, rates: Sequence[float],
+                 clock_factory: Callable[[], object], *, max_seconds: float | None = None,
+                 progress: Callable[[str], None] | None = None,
+                 keep: list[RunResult] | None = None) -> list[dict]:
+    """One curve: ``trace`` at each of ``rates`` on one engine (``make_engine()``, built once
+    and reused: it is idle between runs), each against a fresh ``clock_factory()``. Returns the
+    :func:`~paged_course.serving.driver.summarize` points in rate order; ``keep`` (a list)
+    collects the runs themselves."""
+    engine, points = make_engine(), []
+    for rate in sorted(rates):
+        result = run(engine, trace.at_rate(rate), clock_factory(), max_seconds=max_seconds)
+        points.append(summarize(result))
+        if keep is not None:
+            keep.append(result)
+        if progress is not None:
+            p = points[-1]
+            progress(f"  rate {rate:8.3g} req/s: normalized latency "
+                     f"{p['mean_normalized_latency_s'] * 1e3:8.2f} ms/token, p99 TTFT "
+                     f"{p['p99_ttft_s']:7.3f} s, {p['mean_running']:5.1f} running"
+                     + (" (truncated)" if p["truncated"] else ""))
+    return points
+
+
+def records(curves: dict[str, list[dict]], dataset: str,
+            factor: float = BOUND_FACTOR) -> list[dict]:
+    """The result records of one dataset: per policy ``{"policy", "dataset",
+    "sustained_rate_rps", "sustained_is_lower_bound", "latency_bound_s", "curve"}``, the
+    bound shared (:func:`latency_bound`), plus ``"x_reserve_max"`` / ``"x_reserve_oracle"``:
+    paged's sustained rate over that policy's (None where either is unknown)."""
+    bound = latency_bound(curves.values(), factor)
+    out, rate = [], {}
+    for policy, curve in curves.items():
+        rate[policy], lower = sustained_rate(curve, bound)
+        out.append({"policy": policy, "dataset": dataset, "sustained_rate_rps": rate[policy],
+                    "sustained_is_lower_bound": lower, "latency_bound_s": bound,
+                    "bound_factor": factor, "curve": curve})
+    for rec in out:
+        for other in ("reserve_max", "reserve_oracle"):
+            if rec["policy"] == "paged" and rate.get(other) and rate["paged"] is not None:
+                rec[f"x_{other}"] = rate["paged"] / rate[other]
+    return out
+
+
+def simulated_curves(trace: Trace, cost: CostModel, *, num_blocks: int, block_size: int = 16,
+                     factors: Sequence[float] = (0.3, 0.6, 0.85, 1.05, 1.3),
+                     policies: Sequence[str] = POLICIES,
+                     progress: Callable[[str], None] | None = None
+                     ) -> tuple[dict[str, list[dict]], dict[str, list[RunResult]]]:
+    """Every policy's curve in simulated time: the real scheduler and block manager
+    (:func:`~paged_course.serving.runners.simulation_engine`, ``num_blocks`` blocks,
+    ``max_model_len = trace.max_len``), each step lasting ``cost`` seconds, at ``factors`` x
+    the policy's :func:`capacity_rps`. Returns ``(curves, runs)``, both keyed by policy."""
+    from paged_course.serving.runners import simulation_engine
+
+    curves, runs = {}, {}
+    for policy in policies:
+        cap = capacity_rps(policy, trace, num_blocks, block_size,
+                           decode_step_seconds(cost, trace))
+        if progress is not None:
+            progress(f"{trace.dataset} {policy} (simulated, {len(trace)} requests):")
+        runs[policy] = []
+        curves[policy] = sweep_policy(
+            lambda p=policy: simulation_engine(p, num_blocks=num_blocks, block_size=block_size,
+                                               max_model_len=trace.max_len),
+            trace, rate_grid(cap, factors), lambda: SimulatedClock(cost), progress=progress,
+            keep=runs[policy])
+    return curves, runs
