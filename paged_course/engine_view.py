@@ -17,7 +17,7 @@ import io
 
 from matplotlib.figure import Figure
 
-from paged_course.viz import draw_block_tables
+from paged_course.viz.blocks import draw_block_tables
 from paged_ref.memory.manager import CacheStats
 
 
