@@ -18,7 +18,7 @@ from tests.course.course_copy import make_copy, run_python, write_exercise
 EX02 = "ex02_block_allocator"
 EX07 = "ex07_sharing"
 RIGHT_2_4 = "    return block_table[seq_len // block_size] * block_size + seq_len % block_size\n"
-WRONG_2_4 = "    return block_table[seq_len // block_size + 1] * block_size + seq_len % block_size\n"
+WRONG_2_4 = RIGHT_2_4.replace("[seq_len // block_size]", "[seq_len // block_size + 1]")
 
 
 @pytest.fixture(scope="module")
