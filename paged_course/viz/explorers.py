@@ -10,7 +10,7 @@ explorer shows the live widget and, for viewers without a kernel, the current pi
 from __future__ import annotations
 
 import io
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from matplotlib.figure import Figure
 
@@ -22,6 +22,37 @@ from paged_ref.memory.manager import KVCacheManager
 
 #: Width of the explorer's number boxes (label + 5 digits + the spinner arrows).
 NUMBER_BOX_WIDTH = "190px"
+
+
+def png_bytes(fig: Figure, dpi: int = 80) -> bytes:
+    """``fig`` as PNG bytes (whatever matplotlib backend the kernel has)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    return png.getvalue()
+
+
+class LiveWidget:
+    """An ipywidgets app that also carries a picture of what it shows now.
+
+    In a notebook it displays one output holding both: JupyterLab shows the live widget;
+    GitHub, nbconvert and a notebook saved without widget state show the PNG
+    (tools/execute_notebooks.py keeps only that part) instead of a placeholder text.
+
+    widget:  the ipywidgets app
+    picture: returns the Figure the widget shows now
+    text:    the output's plain-text form
+    """
+
+    def __init__(self, widget, picture: Callable[[], Figure], text: str, *, dpi: int = 80):
+        self.widget, self.picture, self.text, self.dpi = widget, picture, text, dpi
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        bundle = self.widget._repr_mimebundle_()
+        bundle["image/png"] = png_bytes(self.picture(), dpi=self.dpi)
+        bundle["text/plain"] = self.text
+        display(bundle, raw=True)
 
 
 class BlockTableExplorer:
@@ -152,17 +183,11 @@ class BlockTableExplorer:
         JupyterLab shows the widget; GitHub, nbconvert and a notebook whose widget state was
         not saved show the PNG (tools/execute_notebooks.py keeps only that part).
         """
-        from IPython.display import display
-
-        bundle = self.widget._repr_mimebundle_()
-        bundle["image/png"] = self._png()
-        bundle["text/plain"] = f"{type(self).__name__}: {self.message}"
-        display(bundle, raw=True)
+        LiveWidget(self.widget, self.figure, f"{type(self).__name__}: {self.message}",
+                   dpi=80)._ipython_display_()
 
     def _png(self) -> bytes:
-        png = io.BytesIO()  # a PNG shows whatever matplotlib backend the kernel has
-        self.figure().savefig(png, format="png", dpi=80)
-        return png.getvalue()
+        return png_bytes(self.figure(), dpi=80)
 
     def _build_widget(self) -> None:
         import ipywidgets as w

@@ -15,6 +15,7 @@ imported already, costs a fraction of that. So:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -45,6 +46,9 @@ def _child(script: Path, out_fd: int) -> None:
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         sys.stdout = sys.stderr = open(out_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
+        # A crash's report goes with the output, not to the parent's terminal (pytest points
+        # faulthandler at its own copy of stderr).
+        faulthandler.enable(file=sys.stderr)
         import torch
 
         torch.set_num_threads(1)  # NOTE: a forked OpenMP pool is not usable; one thread is

@@ -336,9 +336,9 @@ def test_load_kv_tile_masks_the_block_table_load(ex, tmp_path):
 @pytest.mark.parametrize(
     "seq_lens, hq, hkv, head_dim, block_size, dtype, poison",
     [([0, 1, 16, 37, 48, 5], 8, 2, 64, 16, torch.float32, "nan"),
-     ([3, 0, 17, 1, 33], 4, 4, 80, 1, torch.float32, "large"),
+     ([3, 0, 17, 1, 33], 2, 2, 80, 1, torch.float32, "large"),
      ([1, 16, 29, 0], 8, 2, 80, 16, torch.float16, "large"),
-     ([20, 0, 7, 32], 4, 4, 64, 16, torch.float16, "nan"),
+     ([20, 0, 7, 32], 2, 2, 64, 16, torch.float16, "nan"),
      ([12, 1, 0, 33], 8, 2, 64, 1, torch.bfloat16, "nan")],
     ids=["f32_gqa4_bs16_d64", "f32_mha_bs1_d80", "f16_gqa4_bs16_d80", "f16_mha_bs16_d64",
          "bf16_gqa4_bs1_d64"],
