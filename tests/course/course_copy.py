@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("paged_ref", "paged_course", "paged_bench", "exercises", "solutions", "tests",
+FOLDERS = ("paged_ref", "paged_course", "paged_bench", "exercises", "solutions", "tests", "results",
            "tools", "notebooks")
 RAISE = re.compile(r'^\s*raise NotImplementedError\("Exercise (\d+\.\d+[a-z]?): \w+"\)\n',
                    re.MULTILINE)
