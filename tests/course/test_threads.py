@@ -43,3 +43,22 @@ def test_set_threads_sets_torch(monkeypatch):
             threads.set_threads(0)
     finally:
         torch.set_num_threads(before)
+
+
+def ranks_threads(rank: int, world_size: int) -> int:
+    """(runs in each spawned rank) the rank's torch thread count."""
+    return torch.get_num_threads()
+
+
+def test_each_spawned_rank_takes_its_share(monkeypatch):
+    """Lesson 11's two CPU ranks split the thread budget instead of each taking every CPU."""
+    from paged_course import two_ranks
+
+    monkeypatch.setattr(two_ranks, "default_threads", lambda: 4)
+    assert two_ranks.rank_threads(2) == 2
+    monkeypatch.setattr(two_ranks, "default_threads", lambda: 1)
+    assert two_ranks.rank_threads(2) == 1
+    monkeypatch.undo()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # else torch's default obeys it too
+    got = two_ranks.run_two_ranks(ranks_threads, backend="gloo")
+    assert got == {0: two_ranks.rank_threads(2), 1: two_ranks.rank_threads(2)}
