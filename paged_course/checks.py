@@ -13,6 +13,12 @@ import torch
 REL_TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-12}
 
 
+def tolerance(dtype: torch.dtype, rel_tol: float | None = None) -> float:
+    """``rel_tol``, or the accepted relative error for an output of ``dtype`` (:data:`REL_TOL`;
+    1e-2 for other dtypes)."""
+    return REL_TOL.get(dtype, 1e-2) if rel_tol is None else rel_tol
+
+
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     """``‖got − expected‖ / ‖expected‖`` in float64 (0 when both are all zeros)."""
     g = got.detach().to("cpu", torch.float64)
@@ -46,7 +52,7 @@ def assert_close(
         raise AssertionError(
             f"{name}: shape {tuple(got.shape)} but expected {tuple(expected.shape)}"
         )
-    tol = REL_TOL.get(got.dtype, 1e-2) if rel_tol is None else rel_tol
+    tol = tolerance(got.dtype, rel_tol)
     g = got.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
     bad_nan = torch.isnan(g) & ~torch.isnan(e)

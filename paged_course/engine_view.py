@@ -13,11 +13,10 @@ lesson 02's :func:`~paged_course.viz.draw_block_tables` (requests -> blocks, the
 
 from __future__ import annotations
 
-import io
-
 from matplotlib.figure import Figure
 
-from paged_course.viz import draw_block_tables
+from paged_course.viz.blocks import draw_block_tables
+from paged_course.viz.explorers import LiveWidget, png_bytes
 from paged_ref.memory.manager import CacheStats
 
 
@@ -85,9 +84,10 @@ class StepRecorder:
                  "free_blocks": e.num_free_blocks} for e in self.events]
 
     def widget(self, **kw):
-        """A slider and a play button over the recorded steps, the picture below. Without
-        ipywidgets (plain Python, a Jupyter without the extension's package), it says so and
-        returns the last step's picture instead."""
+        """A slider and a play button over the recorded steps, the picture below (a
+        :class:`~paged_course.viz.explorers.LiveWidget`: a saved notebook shows step 0's
+        picture, not a placeholder). Without ipywidgets (plain Python, a Jupyter without the
+        extension's package), it says so and returns the last step's picture instead."""
         if not self.events:
             raise ValueError("no steps recorded: pass the recorder as on_step= to generate")
         try:
@@ -103,13 +103,15 @@ class StepRecorder:
         play = w.Play(min=0, max=slider.max, interval=700)
         w.jslink((play, "value"), (slider, "value"))
 
+        def now() -> Figure:
+            return self.figure(slider.value, **kw)
+
         def show(change=None):
-            png = io.BytesIO()
-            self.figure(slider.value, **kw).savefig(png, format="png", dpi=70)
             with out:
                 out.clear_output(wait=True)
-                display(Image(data=png.getvalue()))
+                display(Image(data=png_bytes(now(), dpi=70)))
 
         slider.observe(show, names="value")
         show()
-        return w.VBox([w.HBox([play, slider]), out])
+        return LiveWidget(w.VBox([w.HBox([play, slider]), out]), now,
+                          f"StepRecorder: {len(self.events)} steps", dpi=70)

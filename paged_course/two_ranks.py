@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from paged_course.threads import default_threads, set_threads
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -31,8 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_threads(world_size: int = 2) -> int:
+    """torch threads for each of ``world_size`` ranks sharing this machine's CPUs: their
+    share of :func:`paged_course.threads.default_threads`, at least one."""
+    return max(1, default_threads() // world_size)
+
+
 def _entry(rank, world_size, backend, port, out_dir, fn, kwargs):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # leave NVLink multicast off
+    if backend == "gloo":
+        # NOTE: each spawned rank would start torch's default (a thread per logical CPU):
+        # two ranks on a 2-core machine then fight over it and the model runs many times slower.
+        set_threads(rank_threads(world_size))
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     try:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import importlib
-import re
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
 import paged_ref  # noqa: F401  (sets TRITON_INTERPRET=1 before anything imports triton)
+from paged_course.exercise_files import EXERCISE, unsolved_exercise  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser):
@@ -24,26 +29,22 @@ def load_exercise(config, name: str):
     return importlib.import_module(f"{config.getoption('--impl')}.{name}")
 
 
-EXERCISE = re.compile(r"Exercise \d+\.\d+[a-z]?: \w+")  # 4.2, or a warm-up such as 4.0a
-
-
-def unsolved_exercise(exc: BaseException) -> str | None:
-    """``"Exercise N.M: name"`` if ``exc`` comes from an unsolved stub, else None.
-
-    A stub raises ``NotImplementedError("Exercise N.M: ...")``. Inside a Triton kernel the
-    interpreter (CPU) or the compiler (GPU) wraps it in its own error, and a compile error in a
-    helper called by the kernel is re-raised from the call site; so look along the whole chain
-    of causes, at types and at messages.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc)
-        found = EXERCISE.search(text)
-        if found and (isinstance(exc, NotImplementedError) or "NotImplementedError" in text):
-            return found.group(0)
-        exc = exc.__cause__ or exc.__context__
-    return None
+def reference_exercise(name: str):
+    """The worked solution ``solutions/<name>.py``, imported from its file as a module of its
+    own (``_reference_<name>``): what an exercise's tests use for the *other* exercises'
+    functions, so each exercise is checked alone. Always the real solution, whatever
+    ``--impl`` says and whatever tests/mutations planted into ``solutions.<name>``."""
+    path = ROOT / "solutions" / f"{name}.py"
+    module_name = f"_reference_{name}"
+    known = sys.modules.get(module_name)
+    if known is not None and getattr(known, "_stamp", None) == path.stat().st_mtime_ns:
+        return known
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and Triton look their module up
+    spec.loader.exec_module(module)
+    module._stamp = path.stat().st_mtime_ns
+    return module
 
 
 def run_kernel(fn, *args, **kwargs):

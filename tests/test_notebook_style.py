@@ -32,7 +32,7 @@ def test_code_cells_are_short(path):
             if len(lines) > MAX_LINES]
     assert not long, (
         f"{path.name}: code cells longer than {MAX_LINES} lines (move the helper into "
-        "paged_ref, e.g. paged_course/viz.py for a picture): "
+        "paged_ref, e.g. paged_course/viz/ for a picture): "
         + "; ".join(f"cell {i} ({n} lines, starts {first!r})" for i, n, first in long))
 
 

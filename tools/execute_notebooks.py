@@ -10,9 +10,10 @@ carry their outputs. Each notebook runs in a fresh kernel, against the worked so
 (``PAGED_REF_IMPL=solutions``), on the CPU (``CUDA_VISIBLE_DEVICES=""``: GPU cells show the
 committed results from results/). Then the tool
 
-- drops what changes from run to run or is useless without a live kernel: widget state, the
-  live-widget part of an output (its picture stays, see ``viz.BlockTableExplorer``), execution
-  times, the interpreter version, absolute paths of this checkout;
+- runs without progress bars (``QUIET``) and drops what changes from run to run or is useless
+  without a live kernel: widget state, the live-widget part of an output (its picture stays,
+  see ``viz.explorers.LiveWidget``), execution times, the interpreter version, absolute paths
+  of this checkout;
 - stores in the notebook's metadata (``paged_ref``) a hash of its code cells and the number of
   pictures it produced (tests/repo/test_published_notebooks.py checks both: the outputs are not
   stale, and no picture went missing);
@@ -44,6 +45,10 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = "(an interactive widget: run the notebook in JupyterLab to use it)"
 VOLATILE_CELL_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled")
+#: The environment of every notebook run (and the processes it starts): no progress bars
+#: (tqdm's, transformers' "Loading weights"), which would land in the committed stderr, or as
+#: a widget placeholder, and differ from run to run.
+QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def lesson_notebooks() -> list[Path]:
@@ -120,6 +125,7 @@ def execute(path: Path, timeout: int = 900) -> tuple[str, float, str | None, flo
 
     os.environ["PAGED_REF_IMPL"] = "solutions"
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.update(QUIET)
     os.environ.setdefault("PYTHONHASHSEED", "0")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",

@@ -63,7 +63,8 @@ print("went on", first["passed"], second["failed"], f"{{time.perf_counter() - t:
 def test_check_sees_each_edit_and_a_failure_does_not_stop(course_copy):
     done = run_python(course_copy, SCRIPT.format(right=RIGHT, wrong=WRONG), "exercises")
     assert done.returncode == 0, done.stderr
-    assert "FAILED  test_2_3_blocks_needed" in done.stdout, done.stdout
+    assert "ex02 2.3: 5 FAILED" in done.stdout and "FAILED test_2_3_blocks_needed" in done.stdout, (
+        done.stdout)
     assert "expected" in done.stdout, f"the report should say what differs:\n{done.stdout}"
     went_on = [line for line in done.stdout.splitlines() if line.startswith("went on")]
     assert went_on, done.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import paged_ref  # noqa: F401
-from paged_course.viz_prefill import classify_tiles, draw_causal_offset, draw_roofline
+from paged_course.viz.prefill import classify_tiles, draw_causal_offset, draw_roofline
 from paged_ref.cache_math import attention_flops, visible_keys
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -26,6 +25,7 @@ from paged_ref import _device
 from paged_course.checks import assert_close, assert_equal
 from paged_course.testing import make_paged_inputs
 from tests.conftest import load_exercise, run_kernel
+from tests.exercises.isolated import run_script
 
 DEVICE = _device.triton_device()
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,8 +195,8 @@ def test_load_kv_tile_matches_the_table(ex, seq_lens, block_size, head_dim, dtyp
                       f" (rows past token {seq_lens[b] - 1} and columns past {head_dim - 1}: 0)")
 
 
-# The probes below run in a subprocess (a wrong kernel there crashes the process instead of
-# raising). They load the exercise module from its file, whichever that is (yours, the solution,
+# The probes below run in a process of their own (a wrong kernel there crashes the process
+# instead of raising). They load the exercise module from its file, whichever that is (yours, the solution,
 # or a mutant planted by tests/mutations).
 _PROBE_HEADER = '''
 import importlib.util
@@ -214,17 +214,16 @@ spec.loader.exec_module(ex)
 
 
 def run_probe(ex, body: str, tmp_path) -> tuple[int, str]:
-    """Run ``body`` (with ``ex`` loaded from ``ex.__file__``) in a fresh Python; return its exit
-    status and output. A stub's NotImplementedError comes back out as NotImplementedError."""
+    """Run ``body`` (with ``ex`` loaded from ``ex.__file__``) in a process of its own (a fork of
+    this one on a CPU: see tests/exercises/isolated.py); return its exit status and output. A
+    stub's NotImplementedError comes back out as NotImplementedError."""
     script = tmp_path / "probe.py"
     script.write_text(_PROBE_HEADER.format(path=str(ex.__file__)) + textwrap.dedent(body))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-    text = proc.stdout + proc.stderr
+    returncode, text = run_script(script, ROOT)
     found = re.search(r"Exercise \d+\.\d+[a-z]?: \w+", text)
-    if proc.returncode != 0 and "NotImplementedError" in text and found:
+    if returncode != 0 and "NotImplementedError" in text and found:
         raise NotImplementedError(found.group(0))
-    return proc.returncode, text
+    return returncode, text
 
 
 _INT64_PROBE = '''
@@ -263,8 +262,8 @@ sys.exit(0 if torch.equal(out.cpu(), expected) else 3)
 def test_load_kv_tile_uses_64bit_offsets(ex, tmp_path):
     """Block ids near 2**26 with a block stride of 128 elements: block * stride = 2**33.
 
-    Runs in a subprocess, because an int32 product wraps to an address outside the cache and
-    crashes the process instead of raising."""
+    Runs in a process of its own, because an int32 product wraps to an address outside the
+    cache and crashes the process instead of raising."""
     returncode, text = run_probe(ex, _INT64_PROBE, tmp_path)
     if returncode == 3:
         raise AssertionError("load_kv_tile read the wrong rows for block ids whose offset "
@@ -337,9 +336,9 @@ def test_load_kv_tile_masks_the_block_table_load(ex, tmp_path):
 @pytest.mark.parametrize(
     "seq_lens, hq, hkv, head_dim, block_size, dtype, poison",
     [([0, 1, 16, 37, 48, 5], 8, 2, 64, 16, torch.float32, "nan"),
-     ([3, 0, 17, 1, 33], 4, 4, 80, 1, torch.float32, "large"),
+     ([3, 0, 17, 1, 33], 2, 2, 80, 1, torch.float32, "large"),
      ([1, 16, 29, 0], 8, 2, 80, 16, torch.float16, "large"),
-     ([20, 0, 7, 32], 4, 4, 64, 16, torch.float16, "nan"),
+     ([20, 0, 7, 32], 2, 2, 64, 16, torch.float16, "nan"),
      ([12, 1, 0, 33], 8, 2, 64, 1, torch.bfloat16, "nan")],
     ids=["f32_gqa4_bs16_d64", "f32_mha_bs1_d80", "f16_gqa4_bs16_d80", "f16_mha_bs16_d64",
          "bf16_gqa4_bs1_d64"],

@@ -282,10 +282,10 @@ def test_merge_chunks_kernel_matches_float64(ex, seq_lens, chunk_size, num_chunk
 
 @pytest.mark.parametrize(
     "seq_lens, chunk_size, hq, hkv, d, block_size, dtype, poison",
-    [([0, 1, 37, 100], 24, 8, 2, 32, 16, torch.float32, "nan"),
+    [([0, 1, 37, 60], 24, 4, 1, 32, 16, torch.float32, "nan"),
      ([200, 13], 64, 4, 1, 64, 16, torch.float16, "large"),
      ([3, 5, 2], 48, 4, 2, 32, 4, torch.float32, "nan"),  # every sequence shorter than a chunk
-     ([45, 90], 7, 4, 4, 16, 8, torch.bfloat16, "large")],
+     ([9, 30], 7, 2, 2, 16, 8, torch.bfloat16, "large")],  # 5 chunks of 7 to merge
     ids=["gqa4_f32_ragged", "gqa4_d64_f16", "shorter_than_a_chunk", "mha_bf16_chunk7"],
 )
 def test_split_kv_decode_matches_reference(ex, seq_lens, chunk_size, hq, hkv, d, block_size,

@@ -1,9 +1,10 @@
 """Checks for lesson 07's exercises (solutions by default; ``--impl exercises`` for yours).
 
-Each exercise is checked on a cache whose state is set up by hand (``make_cache``), so one
-exercise's test does not need the others solved (except where the spec says to call them).
-After every change, ``check_state`` verifies the bookkeeping: each block is held, evictable or
-free, never two of these; reference counts equal the number of tables that list a block.
+Each exercise is checked alone, so it can be checked as soon as the lesson asks for it: the
+cache's other exercise methods are the worked solution's (``checked``), and its state is set
+up by hand (``make_cache``). After every change, ``check_state`` verifies the bookkeeping:
+each block is held, evictable or free, never two of these; reference counts equal the number
+of tables that list a block.
 """
 
 from __future__ import annotations
@@ -14,20 +15,35 @@ import pytest
 
 from paged_ref import OutOfBlocksError
 from paged_course.checks import assert_equal
-from tests.conftest import load_exercise
+from tests.conftest import load_exercise, reference_exercise
 
 SEEDS = range(4)
+NAME = "ex07_sharing"
+#: SharingCache's exercise methods, 7.1 to 7.8.
+METHODS = ("fork", "release", "free_sequence", "append_slot", "hash_block", "lookup", "allocate",
+           "share")
 
 
 @pytest.fixture
 def ex(request):
-    return load_exercise(request.config, "ex07_sharing")
+    return load_exercise(request.config, NAME)
 
 
-def make_cache(ex, num_blocks, block_size, tables=None, cached=None):
-    """A ``SharingCache`` holding ``tables`` (seq -> (table, length)) and ``cached`` blocks
+def checked(ex, *mine: str) -> type:
+    """``ex.SharingCache`` whose exercise methods are the worked solution's, except ``mine``:
+    7.4's check (``append_slot``, which calls 7.7's ``allocate`` and 7.2's ``release``) passes
+    as soon as 7.4 is right, before the learner has written 7.7."""
+    unknown = set(mine) - set(METHODS)
+    assert not unknown, f"not exercise methods: {unknown}"
+    reference = vars(reference_exercise(NAME).SharingCache)
+    given = {m: reference[m] for m in METHODS if m not in mine}
+    return type("SharingCache", (ex.SharingCache,), given)
+
+
+def make_cache(cls, num_blocks, block_size, tables=None, cached=None):
+    """A ``cls`` (a ``SharingCache`` from :func:`checked`) holding ``tables`` (seq -> (table, length)) and ``cached`` blocks
     (block -> hash; those nobody holds become evictable, in the order given)."""
-    c = ex.SharingCache(num_blocks, block_size)
+    c = cls(num_blocks, block_size)
     for seq, (table, length) in (tables or {}).items():
         c.tables[seq], c.lens[seq] = list(table), length
         for b in table:
@@ -72,7 +88,7 @@ def check_state(c, where: str) -> None:
 
 
 def test_7_1_fork_shares_every_block(ex):
-    c = make_cache(ex, 8, 4, {"p": ([5, 2, 7], 10)})
+    c = make_cache(checked(ex, "fork"), 8, 4, {"p": ([5, 2, 7], 10)})
     c.fork("p", "c")
     assert_equal(c.tables["c"], [5, 2, 7], name="child's table")
     assert_equal(c.lens["c"], 10, name="child's length")
@@ -84,7 +100,7 @@ def test_7_1_fork_shares_every_block(ex):
 
 
 def test_7_2_release_last_holder_frees_or_keeps_cached(ex):
-    c = make_cache(ex, 6, 2, {"a": ([0, 1, 2], 6), "b": ([0], 2)}, cached={0: b"h0", 1: b"h1"})
+    c = make_cache(checked(ex, "release"), 6, 2, {"a": ([0, 1, 2], 6), "b": ([0], 2)}, cached={0: b"h0", 1: b"h1"})
     c.release(0)  # b's hold on 0: a still holds it
     del c.tables["b"], c.lens["b"]
     check_state(c, "after release(0) with another holder left")
@@ -100,7 +116,7 @@ def test_7_2_release_last_holder_frees_or_keeps_cached(ex):
 
 
 def test_7_3_free_sequence_keeps_blocks_a_fork_holds(ex):
-    c = make_cache(ex, 8, 2, {"p": ([3, 4, 6], 5), "c": ([3, 4, 1], 6)},
+    c = make_cache(checked(ex, "free_sequence"), 8, 2, {"p": ([3, 4, 6], 5), "c": ([3, 4, 1], 6)},
                    cached={3: b"h3", 4: b"h4"})
     c.free_sequence("c")
     check_state(c, "after free_sequence('c')")
@@ -114,7 +130,7 @@ def test_7_3_free_sequence_keeps_blocks_a_fork_holds(ex):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_7_1_7_2_7_3_random_forks_and_frees(ex, seed):
     rng = random.Random(seed)
-    c = make_cache(ex, 12, 2, {0: ([0, 1, 2], 5)}, cached={0: b"a", 1: b"b"})
+    c = make_cache(checked(ex, "fork", "release", "free_sequence"), 12, 2, {0: ([0, 1, 2], 5)}, cached={0: b"a", 1: b"b"})
     for step in range(30):
         if c.tables and (rng.random() < 0.4 or len(c.tables) > 5):
             c.free_sequence(rng.choice(sorted(c.tables)))
@@ -127,7 +143,7 @@ def test_7_1_7_2_7_3_random_forks_and_frees(ex, seed):
 
 
 def test_7_4_in_place_and_new_block(ex):
-    c = make_cache(ex, 4, 2, {"a": ([3], 1)})
+    c = make_cache(checked(ex, "append_slot"), 4, 2, {"a": ([3], 1)})
     assert_equal(c.append_slot("a"), 3 * 2 + 1, name="slot of token 1 (in place)")
     assert_equal(c.append_slot("a"), 0 * 2 + 0, name="slot of token 2 (a new block: 0)")
     assert_equal(c.copies, [], name="copies (nothing is shared)")
@@ -135,7 +151,7 @@ def test_7_4_in_place_and_new_block(ex):
 
 
 def test_7_4_write_into_a_shared_block_copies_it_first(ex):
-    c = make_cache(ex, 6, 4, {"p": ([4, 5], 6), "c": ([4, 5], 6)})
+    c = make_cache(checked(ex, "append_slot"), 6, 4, {"p": ([4, 5], 6), "c": ([4, 5], 6)})
     slot = c.append_slot("c")
     fresh = c.tables["c"][1]
     assert fresh != 5, "the writer wrote into block 5, which 'p' also holds"
@@ -149,13 +165,13 @@ def test_7_4_write_into_a_shared_block_copies_it_first(ex):
 
 
 def test_7_4_full_shared_block_needs_no_copy(ex):
-    c = make_cache(ex, 6, 2, {"p": ([1], 2), "c": ([1], 2)})
+    c = make_cache(checked(ex, "append_slot"), 6, 2, {"p": ([1], 2), "c": ([1], 2)})
     assert_equal(c.append_slot("c"), 0, name="slot of token 2 (new block 0)")
     assert_equal(c.copies, [], name="copies (a full block is never written)")
 
 
 def test_7_4_out_of_blocks_changes_nothing(ex):
-    c = make_cache(ex, 2, 2, {"p": ([0], 1), "c": ([0], 1), "d": ([1], 2)})
+    c = make_cache(checked(ex, "append_slot"), 2, 2, {"p": ([0], 1), "c": ([0], 1), "d": ([1], 2)})
     before = (dict(c.tables), dict(c.lens), list(c.ref_counts), list(c.copies))
     with pytest.raises(OutOfBlocksError):
         c.append_slot("c")
@@ -168,7 +184,7 @@ def test_7_4_random_forks_and_appends_keep_every_sequence_intact(ex, seed):
     """Simulated K/V: each slot holds a token; copies run before the writes of a step."""
     rng = random.Random(seed)
     bs = rng.randint(2, 4)
-    c = make_cache(ex, 40, bs, {0: ([0], 1)})
+    c = make_cache(checked(ex, "append_slot"), 40, bs, {0: ([0], 1)})
     memory = {0: ["t0"] + [None] * (bs - 1)}
     tokens = {0: ["t0"]}
     for step in range(40):
@@ -207,18 +223,18 @@ def test_7_5_hash_block_chains_over_the_parent(ex):
     assert ex.hash_block(None, [12, 3]) != ex.hash_block(None, [1, 23]), "token boundaries"
 
 
-def _cache_prompt(ex, c, tokens, first_block):
+def _cache_prompt(c, tokens, first_block):
     """Register the full blocks of ``tokens`` as cached in blocks first_block, +1, ..."""
     h = None
     for j in range(len(tokens) // c.block_size):
-        h = ex.hash_block(h, tokens[j * c.block_size:(j + 1) * c.block_size])
+        h = c.hash_block(h, tokens[j * c.block_size:(j + 1) * c.block_size])
         c.hash_of[first_block + j], c.block_of[h] = h, first_block + j
 
 
 def test_7_6_lookup_finds_the_longest_cached_chain(ex):
-    c = ex.SharingCache(16, 2)
-    _cache_prompt(ex, c, [1, 2, 3, 4, 5, 6], first_block=0)  # blocks 0, 1, 2
-    _cache_prompt(ex, c, [7, 7, 3, 4], first_block=8)  # blocks 8, 9: [3, 4] after [7, 7]
+    c = checked(ex, "lookup")(16, 2)
+    _cache_prompt(c, [1, 2, 3, 4, 5, 6], first_block=0)  # blocks 0, 1, 2
+    _cache_prompt(c, [7, 7, 3, 4], first_block=8)  # blocks 8, 9: [3, 4] after [7, 7]
     assert_equal(c.lookup([1, 2, 3, 4, 5, 6, 9]), [0, 1, 2], name="lookup of a longer prompt")
     assert_equal(c.lookup([1, 2, 3, 4, 9, 9, 9]), [0, 1], name="lookup stops at a miss")
     assert_equal(c.lookup([1, 2, 3, 4, 5, 6]), [0, 1],
@@ -232,9 +248,9 @@ def test_7_6_lookup_finds_the_longest_cached_chain(ex):
 
 
 def test_7_6_same_block_after_another_prefix_is_a_miss(ex):
-    c = ex.SharingCache(16, 2)
-    _cache_prompt(ex, c, [1, 2, 3, 4], first_block=0)  # [3, 4] cached after [1, 2]
-    _cache_prompt(ex, c, [5, 6], first_block=4)  # [5, 6] cached as a first block
+    c = checked(ex, "lookup")(16, 2)
+    _cache_prompt(c, [1, 2, 3, 4], first_block=0)  # [3, 4] cached after [1, 2]
+    _cache_prompt(c, [5, 6], first_block=4)  # [5, 6] cached as a first block
     assert_equal(c.lookup([5, 6, 3, 4, 0]), [4], name="lookup: [3, 4] after [5, 6] is not "
                  "the cached [3, 4] (that one followed [1, 2])")
 
@@ -243,7 +259,7 @@ def test_7_6_same_block_after_another_prefix_is_a_miss(ex):
 
 
 def test_7_7_allocate_free_blocks_before_evicting(ex):
-    c = make_cache(ex, 4, 2, {"a": ([1], 2)}, cached={2: b"x", 3: b"y"})  # 0 free; 2, 3 evictable
+    c = make_cache(checked(ex, "allocate"), 4, 2, {"a": ([1], 2)}, cached={2: b"x", 3: b"y"})  # 0 free; 2, 3 evictable
     assert_equal(c.allocate(), 0, name="first allocate (the free block)")
     assert_equal(c.allocate(), 2, name="second allocate (evicts the least recently used: 2)")
     assert b"x" not in c.block_of and 2 not in c.hash_of, "an evicted block must lose its hash"
@@ -258,7 +274,7 @@ def test_7_7_allocate_free_blocks_before_evicting(ex):
 
 
 def test_7_8_share_revives_an_evictable_block(ex):
-    c = make_cache(ex, 3, 2, {"a": ([0], 2)}, cached={1: b"x", 2: b"y"})
+    c = make_cache(checked(ex, "share"), 3, 2, {"a": ([0], 2)}, cached={1: b"x", 2: b"y"})
     c.share(2)  # a hit on evictable block 2
     c.tables["b"], c.lens["b"] = [2], 2
     check_state(c, "after share(2) of an evictable block")
@@ -271,10 +287,13 @@ def test_7_8_share_revives_an_evictable_block(ex):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_7_6_7_7_7_8_random_prompts_with_a_shared_start(ex, seed):
-    """Prompts that share a start come and go; hits are shared, nothing held is evicted."""
+@pytest.mark.parametrize("mine", [("hash_block", "lookup"), ("allocate", "share")],
+                         ids=["7_5_7_6", "7_7_7_8"])
+def test_random_prompts_with_a_shared_start(ex, mine, seed):
+    """Prompts that share a start come and go; hits are shared, nothing held is evicted.
+    Run once with the learner's prefix cache (7.5, 7.6), once with their pool (7.7, 7.8)."""
     rng = random.Random(seed)
-    c = ex.SharingCache(10, 2)
+    c = checked(ex, *mine)(10, 2)
     system = [1, 2, 3, 4]
     prompts = {}
     for step in range(40):

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, Rectangle
 
-from paged_course.viz import FREE_COLOR, seq_color
+from paged_course.viz.style import FREE_COLOR, seq_color
 from paged_ref.memory.manager import KVCacheManager
 
 
