@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def has_gguf() -> bool:
     try:
-        from paged_ref.engine.loader import gguf_path
+        from paged_ref.models.loader import gguf_path
 
         gguf_path()
         import gguf  # noqa: F401

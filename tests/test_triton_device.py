@@ -75,7 +75,7 @@ def _write(backend):
 
 def _fused(op):
     pytest.importorskip("transformers")
-    from paged_ref.engine import fused
+    from paged_ref.models import fused
 
     gen = torch.Generator().manual_seed(4)
     if op == "add_rms_norm":

@@ -7,7 +7,7 @@
     while engine.has_unfinished_requests():
         outputs = engine.step()                       # -> [RequestOutput]
 
-``python -m paged_ref.engine --prompt "..."`` chats with SmolLM2 through the engine.
+``python -m paged_ref.chat --prompt "..."`` chats with SmolLM2 through the engine.
 transformers is imported only when an engine is built or a model loaded.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paged_ref.engine.loader import load_smollm2
 from paged_ref.engine.request import RequestMetrics, RequestOutput, RunStats, StepEvent
-from paged_ref.engine.sampling_params import SamplingParams
+from paged_ref.models.loader import load_smollm2
+from paged_ref.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from paged_ref.engine.engine import Engine

@@ -24,13 +24,12 @@ from paged_ref.engine.request import (
     RunStats,
     Status,
     StepEvent,
-    as_token_ids,
 )
 from paged_ref.engine.runner import ModelRunner, StepInputs
-from paged_ref.engine.sampler import SamplingBatch
-from paged_ref.engine.sampling_params import SamplingParams
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
+from paged_ref.sampling.params import SamplingParams, as_token_ids
+from paged_ref.sampling.sampler import SamplingBatch
 
 #: Show a progress bar when a call generates at least this many tokens (``progress=None``).
 PROGRESS_MIN_TOKENS = 4096

@@ -6,18 +6,13 @@ all (prefill, maybe in chunks), a running request one (decode), a preempted one 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
-from paged_ref.memory.allocator import check_int
-
 if TYPE_CHECKING:
-    from paged_ref.engine.sampling_params import SamplingParams
+    from paged_ref.sampling.params import SamplingParams
 
 
 class Status(enum.Enum):
@@ -158,32 +153,3 @@ class Request:
     def num_to_compute(self) -> int:
         """Tokens whose K/V are still missing: the prompt (prefill) or 1 (decode)."""
         return self.num_tokens - self.num_computed
-
-
-def as_token_ids(name: str, value, *, scalar: bool = False, minimum: int | None = 0) -> list[int]:
-    """``value`` as a list of token ids.
-
-    Args:
-        name: the argument, for messages.
-        value: a list / tuple of ints (NumPy ints too), a 1-D integer tensor or NumPy array;
-            with ``scalar``, also one int, NumPy int or 0-d integer tensor / array.
-        minimum: the smallest id allowed (None: no bound).
-
-    Raises:
-        TypeError: a string, floats (a float tensor too), a tensor of another rank.
-        ValueError: an id below ``minimum``.
-    """
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        dtype = value.dtype
-        if (dtype in (torch.bool, np.bool_) or dtype.is_floating_point or dtype.is_complex
-                if isinstance(value, torch.Tensor) else not np.issubdtype(dtype, np.integer)):
-            raise TypeError(f"{name} must hold integer token ids, got dtype {dtype}")
-        if value.ndim not in ((0, 1) if scalar else (1,)):
-            raise TypeError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
-        value = value.tolist()
-    if scalar and isinstance(value, Integral) and not isinstance(value, bool):
-        value = [value]
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        hint = " (encode text with the tokenizer first)" if isinstance(value, str) else ""
-        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}{hint}")
-    return [check_int(f"{name}[{j}]", t, minimum=minimum) for j, t in enumerate(value)]

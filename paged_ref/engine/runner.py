@@ -2,7 +2,7 @@
 
 It uses the model's weights (embeddings, norms, projections, rotary embedding, MLPs, LM head)
 and replaces attention and the cache. A layer is about ten kernels (the ops of
-:mod:`paged_ref.engine.fused`; ``h`` the residual stream, ``x`` its normalised copy)::
+:mod:`paged_ref.models.fused`; ``h`` the residual stream, ``x`` its normalised copy)::
 
     qkv = x @ W_qkv;  q = rope_write_kv(qkv, ...)   # q, k rotated; k, v stored at their slots
     a = paged_prefill(q, cache, ...)  or  paged_attention(q, cache, ..., plan)   # decode
@@ -13,7 +13,7 @@ A step's requests are one flat batch of ``T`` tokens: request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
 token replay CUDA graphs captured per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...), padded
 with rows of length 0 that write to a spare block. Greedy rows take the argmax; sampling rows
-go to :func:`~paged_ref.engine.sampler.sample`, outside the graph, from its hidden states.
+go to :func:`~paged_ref.sampling.sampler.sample`, outside the graph, from its hidden states.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 
 from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
-from paged_ref.engine import fused
-from paged_ref.engine.sampler import SamplingBatch, sample
 from paged_ref.memory.storage import PagedKVCache
+from paged_ref.models import fused
 from paged_ref.plan import plan_decode
 from paged_ref.prefill import paged_prefill
+from paged_ref.sampling.sampler import SamplingBatch, sample
 
 
 @dataclass

@@ -150,8 +150,8 @@ def cli(monkeypatch):
     the flags are checked) and a fake tokenizer of 30-token prompts."""
     import transformers
 
-    from paged_ref.engine import __main__ as entry
-    from paged_ref.engine import loader
+    from paged_ref import chat as entry
+    from paged_ref.models import loader
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the flags were checked")
@@ -179,11 +179,11 @@ def test_cli_refuses_a_bad_flag_in_one_line(cli, capsys, argv, match):
         cli(["--prompt", "hi", *argv])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
-    assert match in err and err.startswith("python -m paged_ref.engine: error:")
+    assert match in err and err.startswith("python -m paged_ref.chat: error:")
 
 
 def test_cli_thread_count_follows_the_idle_cores(monkeypatch):
-    from paged_ref.engine import __main__ as entry
+    from paged_ref import chat as entry
 
     monkeypatch.setattr(entry.os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
     for load, threads in ((0.0, 2), (1.2, 1), (5.0, 1)):

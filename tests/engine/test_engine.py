@@ -18,7 +18,7 @@ pytest.importorskip("gguf")
 from paged_ref.engine import Engine, load_smollm2  # noqa: E402
 
 try:
-    from paged_ref.engine.loader import gguf_path
+    from paged_ref.models.loader import gguf_path
 
     gguf_path()
 except ImportError as err:  # pragma: no cover - depends on the environment

@@ -70,7 +70,7 @@ def test_fused_kernels_compiled_match_torch_ops(dtype):
     """The fused Triton kernels compiled (hidden 576, 9 / 3 heads, MLP 1536; and the 1B-like
     2048, 32 / 8, 8192): equal to the torch ops (transformers' arithmetic) up to rounding."""
     from paged_course.checks import assert_close
-    from paged_ref.engine import fused
+    from paged_ref.models import fused
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for hidden, hq, hkv, inter in ((576, 9, 3, 1536), (2048, 32, 8, 8192)):

@@ -1,4 +1,4 @@
-"""The runner's fused ops (paged_ref.engine.fused) against transformers' own modules and a
+"""The runner's fused ops (paged_ref.models.fused) against transformers' own modules and a
 float64 reference: ``backend="torch"`` is transformers' arithmetic (equal bit for bit),
 ``backend="triton"`` runs the kernels of paged_ref.kernels.triton.fused (Triton's interpreter on
 a CPU, compiled on a GPU) on tiny shapes that are not powers of two (hidden 576, 9 / 3 heads,
@@ -21,7 +21,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 
 from paged_course.checks import assert_close  # noqa: E402
 from paged_ref import _device  # noqa: E402
-from paged_ref.engine import fused  # noqa: E402
+from paged_ref.models import fused  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -32,7 +32,7 @@ class Planted:
         return self.mutation.description
 
 
-KERNELS, FUSED, RUNNER = ("paged_ref.kernels.triton.fused", "paged_ref.engine.fused",
+KERNELS, FUSED, RUNNER = ("paged_ref.kernels.triton.fused", "paged_ref.models.fused",
                           "paged_ref.engine.runner")
 FUSED_TESTS, RUNNER_TESTS = "tests/engine/test_fused.py", "tests/engine/test_runner.py"
 NORM_TRITON = "add_rms_norm and triton"

@@ -1,5 +1,6 @@
-"""Issue 33's size bar for the engine package: one job a module, each at most 400 lines, and
-no pass-through layer (``ops.py`` renamed library calls; the engine calls ``paged_ref``)."""
+"""Issue 33's size bar for the engine package: one job a module, each at most 400 lines, the
+package at nano-vllm's scale (at most 1,200 lines), and no pass-through layer (``ops.py``
+renamed library calls; the engine calls ``paged_ref``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ FOLDER = Path(paged_ref.__file__).parent / "engine"
 
 def test_every_engine_module_is_at_most_400_lines():
     sizes = {p.name: len(p.read_text().splitlines()) for p in FOLDER.glob("*.py")}
-    assert len(sizes) > 5, sizes
+    assert len(sizes) >= 5, sizes
     assert {name: n for name, n in sizes.items() if n > 400} == {}
+
+
+def test_the_engine_package_is_at_most_1200_lines():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in FOLDER.glob("*.py")}
+    assert sum(sizes.values()) <= 1200, sizes
 
 
 def test_no_pass_through_module():

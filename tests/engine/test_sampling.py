@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from paged_ref.engine import SamplingParams
-from paged_ref.engine.sampler import SamplingBatch, sample
+from paged_ref.sampling.sampler import SamplingBatch, sample
 
 
 @pytest.mark.parametrize("kw,error,match", [
@@ -131,7 +131,7 @@ PLANTED_SAMPLER = {
 def test_planted_sampler_mistake_is_caught(name, monkeypatch, tmp_path):
     import sys
 
-    from paged_ref.engine import sampler
+    from paged_ref.sampling import sampler
     from tests.mutations.mutate import mutant_of
 
     mutant = mutant_of(sampler, [PLANTED_SAMPLER[name]], tmp_path, monkeypatch)

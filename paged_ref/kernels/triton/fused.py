@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the engine's layer step (:mod:`paged_ref.engine.fused`).
+"""Fused Triton kernels for the engine's layer step (:mod:`paged_ref.models.fused`).
 
 A decode step moves little data per kernel, so its time is mostly the number of kernels. A
 Hugging Face Llama layer launches 41 in bf16 (each RMS norm 8 elementwise ops, rotary 5 per
@@ -127,7 +127,7 @@ def silu_mul_kernel(gate_up_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constex
     tl.store(out_ptr + t * INTER + offs, act * up, mask=ok)
 
 
-# ---- launchers (inputs checked by paged_ref.engine.fused) --------------------------------------
+# ---- launchers (inputs checked by paged_ref.models.fused) --------------------------------------
 
 
 def add_rms_norm_triton(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,

@@ -1,12 +1,16 @@
-"""``SamplingParams``: how one request picks its tokens and when it stops (vLLM's shape)."""
+"""``SamplingParams``: how one request picks its tokens and when it stops (vLLM's shape), and
+``as_token_ids``: token ids from the lists, tensors and arrays callers pass."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral, Real
 
-from paged_ref.engine.request import as_token_ids
+import numpy as np
+import torch
+
 from paged_ref.memory.allocator import check_int
 
 
@@ -62,3 +66,32 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Whether the request takes the argmax (temperature 0)."""
         return self.temperature == 0
+
+
+def as_token_ids(name: str, value, *, scalar: bool = False, minimum: int | None = 0) -> list[int]:
+    """``value`` as a list of token ids.
+
+    Args:
+        name: the argument, for messages.
+        value: a list / tuple of ints (NumPy ints too), a 1-D integer tensor or NumPy array;
+            with ``scalar``, also one int, NumPy int or 0-d integer tensor / array.
+        minimum: the smallest id allowed (None: no bound).
+
+    Raises:
+        TypeError: a string, floats (a float tensor too), a tensor of another rank.
+        ValueError: an id below ``minimum``.
+    """
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        dtype = value.dtype
+        if (dtype in (torch.bool, np.bool_) or dtype.is_floating_point or dtype.is_complex
+                if isinstance(value, torch.Tensor) else not np.issubdtype(dtype, np.integer)):
+            raise TypeError(f"{name} must hold integer token ids, got dtype {dtype}")
+        if value.ndim not in ((0, 1) if scalar else (1,)):
+            raise TypeError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        value = value.tolist()
+    if scalar and isinstance(value, Integral) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        hint = " (encode text with the tokenizer first)" if isinstance(value, str) else ""
+        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}{hint}")
+    return [check_int(f"{name}[{j}]", t, minimum=minimum) for j, t in enumerate(value)]

@@ -1,4 +1,4 @@
-"""``python -m paged_ref.engine --prompt "..."``: chat with SmolLM2 through the engine.
+"""``python -m paged_ref.chat --prompt "..."``: chat with SmolLM2 through the engine.
 
 Each ``--prompt`` is one user turn of its own conversation (several run as one continuously
 batched ``generate`` call); with one prompt the answer streams. ``--stats`` prints the run's
@@ -16,12 +16,12 @@ import torch
 
 
 def fail(message: str):
-    print(f"python -m paged_ref.engine: error: {message}", file=sys.stderr)
+    print(f"python -m paged_ref.chat: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m paged_ref.engine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m paged_ref.chat", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = fail  # (one line, not the usage text)
     p.add_argument("--prompt", action="append", required=True,
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     from paged_ref.cache_math import blocks_needed
     from paged_ref.engine import Engine, load_smollm2
-    from paged_ref.engine.loader import converted_folder
+    from paged_ref.models.loader import converted_folder
 
     if args.threads or "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(args.threads or cpu_threads())

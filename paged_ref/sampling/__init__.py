@@ -1,0 +1,12 @@
+"""``paged_ref.sampling``: how the engine picks tokens.
+
+* :mod:`paged_ref.sampling.params` -- :class:`SamplingParams` (vLLM's shape), checked at
+  construction; ``as_token_ids``.
+* :mod:`paged_ref.sampling.sampler` -- temperature / top-k / top-p sampling of a step's rows,
+  batched on the device (:func:`sample`, :class:`SamplingBatch`).
+"""
+
+from paged_ref.sampling.params import SamplingParams, as_token_ids
+from paged_ref.sampling.sampler import SamplingBatch, sample
+
+__all__ = ["SamplingBatch", "SamplingParams", "as_token_ids", "sample"]
