@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paged_ref.engine.request import RequestMetrics, RequestOutput, RunStats, StepEvent
 from paged_ref.models.loader import load_smollm2
+from paged_ref.outputs import RequestMetrics, RequestOutput, RunStats, StepEvent
 from paged_ref.sampling.params import SamplingParams
 
 if TYPE_CHECKING:

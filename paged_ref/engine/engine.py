@@ -17,17 +17,11 @@ from tqdm.auto import tqdm
 from paged_ref import _device
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine.policy import reserved_tokens
-from paged_ref.engine.request import (
-    Request,
-    RequestMetrics,
-    RequestOutput,
-    RunStats,
-    Status,
-    StepEvent,
-)
+from paged_ref.engine.request import Request, Status
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
+from paged_ref.outputs import RequestMetrics, RequestOutput, RunStats, StepEvent
 from paged_ref.sampling.params import SamplingParams, as_token_ids
 from paged_ref.sampling.sampler import SamplingBatch
 
