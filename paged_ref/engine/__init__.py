@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paged_ref.models.loader import load_smollm2
-from paged_ref.outputs import RequestMetrics, RequestOutput, RunStats, StepEvent
+from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats, StepEvent
 from paged_ref.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from paged_ref.engine.engine import Engine
 
-__all__ = ["Engine", "RequestMetrics", "RequestOutput", "RunStats", "SamplingParams", "StepEvent",
-           "load_smollm2"]
+__all__ = ["CompletionOutput", "Engine", "RequestMetrics", "RequestOutput", "RunStats",
+           "SamplingParams", "StepEvent", "load_smollm2"]
 
 
 def __getattr__(name: str):
