@@ -10,12 +10,17 @@ case of all that run fits -- ``width`` unshared copies of prompt + ``max_tokens 
 the pool, and ``width`` seats and tokens of the step's budget each: nothing is ever preempted,
 every running beam decodes every step. (Running requests come first in a step, in the order
 they started, forks right after their parent: no prompt mid-prefill takes a beam's token.)
+
+It drives the engine from outside the engine package, as vLLM's ``LLM.beam_search`` does, with
+three of its private parts: ``_check_prompts`` (the prompts checked before any work), ``_add``
+(a request) and ``_step(pick, logprobs)`` (one step whose new tokens ``pick`` decides).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine.request import Request
@@ -25,10 +30,37 @@ from paged_ref.sampling.beam import BeamSearch
 from paged_ref.sampling.params import SamplingParams
 
 
-def beam_search(engine, prompts, beam_width: int, max_tokens: int, *,
+def beam_search(engine, prompts, beam_width: int, max_tokens: int | Sequence[int], *,
                 length_penalty: float = 1.0, early_stopping: bool | str = False,
                 ignore_eos: bool = False) -> list[RequestOutput]:
-    """``Engine.beam_search`` (its docstring says what it takes and returns)."""
+    """Beam search over ``prompts`` in ``engine`` (``engine.beam_search(...)`` calls this):
+    transformers' ``model.generate(ids, num_beams=beam_width, num_return_sequences=
+    beam_width, do_sample=False, max_new_tokens=max_tokens, length_penalty=...,
+    early_stopping=...)`` for each prompt -- its ``sequences`` and ``sequences_scores``.
+
+    Args:
+        engine: an :class:`~paged_ref.engine.Engine` with no request of its own unfinished.
+        prompts: token ids, a list per prompt.
+        beam_width: beams kept (``num_beams``).
+        max_tokens: most tokens generated, an int or one per prompt (``max_new_tokens``).
+        length_penalty, early_stopping: as transformers' (:class:`~paged_ref.sampling.beam.
+            BeamSearch`): a hypothesis scores ``logprob / length ** length_penalty``;
+            ``early_stopping`` is ``False``, ``True`` or ``"never"``.
+        ignore_eos: no stop token (every hypothesis runs to ``max_tokens``).
+
+    Returns:
+        Per prompt, in order, a finished :class:`~paged_ref.outputs.RequestOutput` whose
+        ``outputs`` are its ``beam_width`` hypotheses, best first, each with its ``score``.
+
+    Raises:
+        RuntimeError: ``engine`` has unfinished requests.
+        ValueError / TypeError (before any work): as ``Engine.generate``'s for the prompts;
+            ``max_tokens < 1``; beams that can never fit (``beam_width * ceil((len(prompt) +
+            max_tokens - 1) / block_size) > num_blocks``, or more beams than
+            ``max_num_seqs`` / ``max_num_batched_tokens``); a reservation policy; a bad
+            ``beam_width``, ``length_penalty`` or ``early_stopping``.
+        Whatever a step raised, after aborting every beam (the engine is as before).
+    """
     sched = engine.scheduler
     if engine.has_unfinished_requests():
         raise RuntimeError("beam_search runs its own prompts only: finish (step) or abort the "
@@ -37,10 +69,12 @@ def beam_search(engine, prompts, beam_width: int, max_tokens: int, *,
         raise ValueError(f"beam_search needs reservation='paged', not {sched.reservation!r}")
     width = check_int("beam_width", beam_width, minimum=1)
     stops = frozenset() if ignore_eos else engine.eos_ids
-    k = BeamSearch(width, max_tokens, stop_ids=stops, length_penalty=length_penalty,
+    k = BeamSearch(width, 1, stop_ids=stops, length_penalty=length_penalty,
                    early_stopping=early_stopping).num_candidates  # (checks them too)
-    checked = [p for p, _ in engine._check_prompts(prompts, max_tokens)]
-    worst = [width * blocks_needed(len(p) + max_tokens - 1, engine.block_size) for p in checked]
+    checked = engine._check_prompts(prompts, max_tokens)
+    if min(n for _, n in checked) < 1:
+        raise ValueError(f"max_tokens must be >= 1 (each prompt's), got {max_tokens}")
+    worst = [width * blocks_needed(len(p) + n - 1, engine.block_size) for p, n in checked]
     seats = min(sched.max_num_seqs, sched.max_num_batched_tokens) // width
     if max(worst) > engine.num_blocks or not seats:
         raise ValueError(f"beam_width={width} beams need {max(worst)} blocks and {width} seats "
@@ -77,10 +111,11 @@ def beam_search(engine, prompts, beam_width: int, max_tokens: int, *,
             while pending and held + worst[pending[0]] <= engine.num_blocks and \
                     len(groups) < seats:
                 i = pending.popleft()
-                rid = engine._add(checked[i], SamplingParams(max_tokens=max_tokens,
-                                                             ignore_eos=True), time.perf_counter())
+                prompt, n = checked[i]
+                rid = engine._add(prompt, SamplingParams(max_tokens=n, ignore_eos=True),
+                                  time.perf_counter())
                 groups[engine.requests[rid]] = (i, BeamSearch(
-                    width, max_tokens, stop_ids=stops, length_penalty=length_penalty,
+                    width, n, stop_ids=stops, length_penalty=length_penalty,
                     early_stopping=early_stopping), [engine.requests[rid]])
                 held += worst[i]
             engine._step(pick, logprobs=k)

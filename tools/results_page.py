@@ -48,6 +48,7 @@ FILES = {
                                    "ceilings by size, host time in the timer (10c)",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
+    "cpu/sharing_engine.json": "the same measured in the engine: forked samples and beams (07)",
     "cpu/quant_accuracy.json": "attention error per KV format (10)",
     "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
     "cpu/quant_smollm2_noise.json": "bf16 perplexity under attention noise (10)",
@@ -156,13 +157,20 @@ def transfer_section() -> str:
 
 
 def sharing_section() -> str:
-    d = load("cpu/sharing.json")
+    d, e = load("cpu/sharing.json"), load("cpu/sharing_engine.json")
+    mode = {"parallel sampling": "parallel", "beam search": "beam"}
+    measured = {(r["dataset"], r["mode"], r["n"]): r["saved"] for r in e["results"]}
     rows = [[r["dataset"], r["method"], str(r["n / width"]), f"{r['saving %']:.1f}",
+             f"{100 * measured[r['dataset'], mode[r['method']], r['n / width']]:.1f}",
              r["paper % (OPT-13B, n/width 2-6)"]] for r in d["savings"]]
-    return ("## Sharing blocks (`python tools/sharing_savings.py`, CPU)\n\n"
-            f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`.* Memory saved by "
-            "sharing, simulated with the real `KVCacheManager`, next to the paper's Fig. 15."
-            "\n\n" + table(["dataset", "method", "n / width", "saved %", "paper %"], rows))
+    return ("## Sharing blocks (`python tools/sharing_savings.py`, `python -m paged_bench "
+            "sharing`, CPU)\n\n"
+            f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`; engine: "
+            f"{e['date']}, commit `{e['commit']}`.* Memory saved by sharing, simulated with the "
+            "real `KVCacheManager` and measured in the engine (tiny random Llama), next to the "
+            "paper's Fig. 15."
+            "\n\n" + table(["dataset", "method", "n / width", "simulated %", "engine %",
+                             "paper %"], rows))
 
 
 def index_section() -> str:

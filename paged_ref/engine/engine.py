@@ -266,8 +266,8 @@ class Engine:
         return [[] if i not in reqs else list(reqs[i].output) if reqs[i].params.n == 1 else
                 [list(s.output) for s in reqs[i].group] for i in range(len(checked))]
 
-    def beam_search(self, prompts: Sequence[Sequence[int]], beam_width: int, max_tokens: int,
-                    **options) -> list[RequestOutput]:
+    def beam_search(self, prompts: Sequence[Sequence[int]], beam_width: int,
+                    max_tokens: int | Sequence[int], **options) -> list[RequestOutput]:
         """Beam search, as transformers' ``generate(num_beams=beam_width, ...)``, the beams
         forked and freed in this pool: :func:`paged_ref.beam_search.beam_search`."""
         from paged_ref.beam_search import beam_search
