@@ -12,8 +12,9 @@ of the run, as it computes, the suite reads the engine's block manager:
 summed over the steps (a time average, as lesson 07's simulation and the paper's Fig. 15:
 "the number of blocks we saved by sharing divided by the number of total blocks without
 sharing"); ``saved = 1 - blocks_shared / blocks_unshared``. Block counts do not depend on the
-weights, so the model is a tiny random-weight Llama on the CPU (the outputs are random tokens;
-which beams survive comes from its real scores). Every request runs to its output length
+weights, so the model is a micro random-weight Llama on the CPU (``paged_bench.engine.SHAPES
+["micro"]``: one layer, two heads of 8; the outputs are random tokens; which beams survive
+comes from its real scores). Every request runs to its output length
 (``ignore_eos``); the samples of one request all decode that length. Prefix caching is off:
 only the forks share. Each record keeps lesson 07's simulated saving for the same dataset,
 method and size (``results/cpu/sharing.json``) and the paper's range beside it.
@@ -21,7 +22,7 @@ method and size (``results/cpu/sharing.json``) and the paper's range beside it.
 Writes ``sharing_engine.json`` (``results/cpu/sharing.json`` is lesson 07's simulation):
 records ``{"mode": "parallel" | "beam", "n", "dataset", "requests", "steps", "blocks_shared",
 "blocks_unshared", "saved", "peak_blocks_shared", "peak_blocks_unshared", "copies_on_write",
-"simulated_saved", "paper_saved_range"}``. About a minute on a CPU.
+"simulated_saved", "paper_saved_range"}``. About two minutes on one CPU core.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from paged_course.results import environment, load_results, write_result
 MODES = ("parallel", "beam")
 DATASETS = tuple(sharing_sim.DATASETS)
 #: Requests per dataset (Alpaca-like ones are short: more of them).
-REQUESTS = {"ShareGPT-like": 8, "Alpaca-like": 24}
+REQUESTS = {"ShareGPT-like": 24, "Alpaca-like": 64}
 #: lesson 07's names of the modes (``results/cpu/sharing.json``'s ``method``).
 METHODS = {"parallel": "parallel sampling", "beam": "beam search"}
 
@@ -148,13 +149,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # (tiny matmuls: a second thread only costs)
     start = time.perf_counter()
-    model = build_model("tiny", dtype=torch.float32, device="cpu", seed=args.seed)
+    model = build_model("micro", dtype=torch.float32, device="cpu", seed=args.seed)
     try:
         simulated = load_results("cpu/sharing")
     except FileNotFoundError:
         simulated = None
-    result = {**environment(), "suite": "sharing", "model": "tiny random-weight Llama "
-              "(2 layers, CPU): block counts do not depend on the weights",
+    result = {**environment(), "suite": "sharing", "model": "micro random-weight Llama "
+              "(1 layer, 2 heads of 8, CPU): block counts do not depend on the weights",
               "block_size": args.block_size, "max_len": args.max_len,
               "datasets": sharing_sim.DATASETS, "prefix_caching": False,
               "simulated_from": "results/cpu/sharing.json (lesson 07)", "results": []}
