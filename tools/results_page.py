@@ -167,7 +167,7 @@ def sharing_section() -> str:
             "sharing`, CPU)\n\n"
             f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`; engine: "
             f"{e['date']}, commit `{e['commit']}`.* Memory saved by sharing, simulated with the "
-            "real `KVCacheManager` and measured in the engine (tiny random Llama), next to the "
+            "real `KVCacheManager` and measured in the engine (a micro random Llama: forks and frees), next to the "
             "paper's Fig. 15."
             "\n\n" + table(["dataset", "method", "n / width", "simulated %", "engine %",
                              "paper %"], rows))
