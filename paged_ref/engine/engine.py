@@ -147,7 +147,7 @@ class Engine:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
                     cache.apply_block_ops(out.block_ops)
-                sched.rollback()
+                sched.rollback(out)
             cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
             self._forget([r for r in self.requests.values() if r.status is Status.FINISHED])
             raise
