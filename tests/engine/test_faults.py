@@ -1,18 +1,22 @@
 """Faults lose nothing: the engine's part of the fault-injection suite (tiny random Llama, CPU).
 
-A fault is planted at one point of a step -- before or inside the schedule (a policy function),
-the block moves, the layout, inside the forward at a layer (a monkeypatched module), the
-attention kernel, the greedy pick, the sampler, the scheduler's update, ``on_step`` -- on its
-n-th call, as an exception or a ``KeyboardInterrupt``. After it propagates:
+A fault is planted at one point of a step, on its n-th call, as an exception or a
+``KeyboardInterrupt`` (``POINTS``: adding ``generate``'s requests, the schedule and its policy
+functions, the block moves, the layout, inside the forward at a layer (a monkeypatched module),
+the K/V write, the prefill kernel, the decode plan and kernel, the greedy pick, the sampler, the
+scheduler's update before it starts and half-way through it, ``on_step``). After it propagates:
 
 * ``generate``: nothing is left inside the engine (no request, no sequence, every block free or
   cached), every prefix-cache entry holds the K/V of the tokens it is cached under (against
   transformers), and the next call's outputs equal a fresh engine's;
 * ``step`` (online): the requests the step scheduled are aborted, the others carry on and get
-  the tokens they get alone, and between steps no request's blocks run ahead of its K/V.
+  the tokens they get alone (greedy, or sampled with their own seed), every finished request's
+  output is exactly the tokens its steps delivered, and between steps no request's blocks run
+  ahead of its K/V.
 
-Then the bugs of issue 36's scenarios 4 and 5 are planted back (``mutant_of``) and the same
-checks must fail (scenario 6, configuration, is ``test_config.py``'s).
+Then the bugs of issue 36's scenarios 4 and 5 are planted back (``mutant_of``), with the two
+found in the audit (an update that failed half-way; a fault while ``generate`` adds its
+requests), and the same checks must fail (scenario 6, configuration, is ``test_config.py``'s).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ CONFIGS = {  # (pools that preempt: 7 blocks of 4 tokens, 16 tokens a step)
 
 #: Where a fault is planted: ``point(engine, model) -> (object, attribute)``.
 POINTS = {
+    "adding the call's requests": lambda e, m: (e, "_add"),
     "schedule": lambda e, m: (e.scheduler, "schedule"),
     "admit policy": lambda e, m: (e.scheduler, "admit"),
     "preemption policy": lambda e, m: (e.scheduler, "choose_victim"),
@@ -116,8 +121,8 @@ GENERATE_FAULTS = (
     + [(c, point, calls_at(point)[1], Boom) for c in ("no-prefix-cache", "swap")
        for point in STATEFUL]
     + [("tight", point, 4, KeyboardInterrupt) for point in (
-        "block moves", "layer 0 MLP", "K/V write", "prefill kernel", "decode kernel",
-        "greedy pick", "update", "update, finishing a request")])
+        "adding the call's requests", "block moves", "layer 0 MLP", "K/V write",
+        "prefill kernel", "decode kernel", "greedy pick", "update", "update, finishing a request")])
 
 
 @pytest.mark.parametrize("config,point,at,exc", GENERATE_FAULTS,
@@ -276,6 +281,9 @@ def test_ctrl_c_in_step_aborts_the_scheduled_requests_only(tiny, case, seeded_ex
 
 # ---- issue 36's scenarios 4 and 5 planted back: the checks above must fail ----------------
 
+ADD_INSIDE = ("        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts "
+              "queued)\n            for i, (p, n) in enumerate(checked):\n")
+INDEX = "            index = {r.req_id: i for i, r in reqs.items()}\n"
 PLANTED = {
     "4: a failed step leaves its requests' blocks ahead of their K/V (no rollback)": (
         engine_module, [("                sched.rollback(out)\n", "")], "online"),
@@ -284,6 +292,9 @@ PLANTED = {
     "4: an update that failed half-way leaves the requests it recorded running": (
         scheduler_module, [("if out is not None else set()", "if False else set()")],
         "half-way"),
+    "5: generate adds its requests before its try (a fault while adding leaves them)": (
+        engine_module, [(ADD_INSIDE, "        if True:\n" + ADD_INSIDE.split("\n", 1)[1]),
+                        (INDEX, INDEX + "        try:\n")], "adding"),
     "4: an abort keeps the hashes of blocks never written": (
         scheduler_module, [('self._finish(req, "abort", num_computed=req.num_computed)',
                             'self._finish(req, "abort")')], "layer"),
@@ -312,6 +323,9 @@ def test_planted_scenario_is_caught(tiny, case, monkeypatch, tmp_path, name):
                 online_fault(engine, tiny, case, mp, "admit policy", 2)
             elif scenario == "half-way":
                 online_fault(engine, tiny, case, mp, "update, finishing a request", 2)
+            elif scenario == "adding":
+                survives(engine, tiny, case, lambda e: (plant(mp, e, "_add", 4), e.generate(
+                    prompts, outputs, ignore_eos=True)))
             elif scenario == "layer":
                 survives(engine, tiny, case, lambda e: (plant(
                     mp, *POINTS["layer 0 MLP"](e, tiny), 1), e.generate(
