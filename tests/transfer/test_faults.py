@@ -385,12 +385,17 @@ def test_a_peer_that_dies_while_refusing(name, dies):
 
 
 def test_a_refused_send_prefix_without_a_group_leaves_the_sender_as_it_was():
-    """Issue 36, scenario 1 (no process group needed): nothing registered, no hit after."""
-    cache, m = pool(seed=5)
-    side = attempt(lambda: transfer.send_prefix(cache, m, PROMPT, dst=1), cache, m)
-    assert side["error"] == "ValueError" and "compute the prompt first" in side["message"]
-    assert side["same"] and m.cached_blocks() == [] and not side["stale"]
-    assert m.add_sequence("x", token_ids=PROMPT) == 0
+    """Issue 36, scenario 1 (no process group needed): nothing registered, no hit after; in a
+    used pool (OTHER cached: PROMPT's first 2 blocks, and blocks holding other K/V) too."""
+    for used in (False, True):
+        cache, m = pool(seed=5)
+        if used:
+            compute(cache, m, "other", OTHER)
+            m.free_sequence("other")
+        side = attempt(lambda: transfer.send_prefix(cache, m, PROMPT, dst=1), cache, m)
+        assert side["error"] == "ValueError" and "compute the prompt first" in side["message"]
+        assert side["same"] and len(m.cached_blocks()) == 3 * used and not side["stale"]
+        assert m.add_sequence("x", token_ids=PROMPT) == 8 * used
 
 
 # ---- the bugs of issue 36 planted back ------------------------------------------------------
