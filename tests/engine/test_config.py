@@ -149,9 +149,9 @@ PLANTED_TOKEN_IDS = {
 
 @pytest.mark.parametrize("name", PLANTED_TOKEN_IDS)
 def test_planted_token_id_forms_are_caught(tiny, prompt_and_tokens, monkeypatch, tmp_path, name):
-    from paged_ref.engine import request as request_module
+    from paged_ref.sampling import params as params_module
 
-    mutant = mutant_of(request_module, PLANTED_TOKEN_IDS[name], tmp_path, monkeypatch)
+    mutant = mutant_of(params_module, PLANTED_TOKEN_IDS[name], tmp_path, monkeypatch)
     monkeypatch.setattr(engine_module, "as_token_ids", mutant.as_token_ids)
     caught = 0
     for check in (lambda: test_eos_ids_in_every_integer_form(tiny, np.int64(5), {5}),
@@ -227,7 +227,7 @@ PLANTED_CLI = {
 
 @pytest.mark.parametrize("name", PLANTED_CLI)
 def test_planted_cli_bug_is_caught(cli, capsys, monkeypatch, tmp_path, name):
-    from paged_ref.engine import __main__ as entry
+    from paged_ref import chat as entry
 
     if "cuda" in name and torch.cuda.is_available():
         pytest.skip("on a GPU --device cuda is right")

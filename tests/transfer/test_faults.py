@@ -392,7 +392,7 @@ def test_a_refused_send_prefix_without_a_group_leaves_the_sender_as_it_was():
         if used:
             compute(cache, m, "other", OTHER)
             m.free_sequence("other")
-        side = attempt(lambda: transfer.send_prefix(cache, m, PROMPT, dst=1), cache, m)
+        side = attempt(lambda c=cache, m=m: transfer.send_prefix(c, m, PROMPT, dst=1), cache, m)
         assert side["error"] == "ValueError" and "compute the prompt first" in side["message"]
         assert side["same"] and len(m.cached_blocks()) == 3 * used and not side["stale"]
         assert m.add_sequence("x", token_ids=PROMPT) == 8 * used
