@@ -25,6 +25,8 @@ default ``results/<gpu kind>/tiers.json``) is stamped with GPU, versions, commit
 file system the disk file lived on (``/proc/mounts``) and the kernel. ``--quick``: a tiny
 shape and prefixes of 64 / 256 tokens on whatever device there is (a CPU too): a check of the
 suite, not a measurement. Without CUDA and without ``--quick`` it says so and exits with 2.
+``--budget-s`` (90): a prefix whose run, scaled from the last one's, would end past it gets one
+rep (on the H200 the whole run is expected to take about a minute; a slow disk costs more).
 """
 
 from __future__ import annotations
@@ -273,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefixes", default=None, help="comma-separated prefix lengths (tokens)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--workers", type=int, default=8, help="the disk tier's read threads")
+    p.add_argument("--budget-s", type=float, default=90.0,
+                   help="when the next prefix, scaled from the last one's time, would end past "
+                        "this many seconds, it runs 1 rep (its rows say how many)")
     p.add_argument("--disk-path", type=Path, default=None,
                    help="folder for the disk tier's file (default: a new one in the current "
                         "folder, removed after; not /tmp, which may live in memory)")
@@ -299,10 +304,17 @@ def main(argv: list[str] | None = None) -> int:
               "results": []}
     if mount.get("fs_type") in ("tmpfs", "ramfs"):
         print(f"note: {folder} is on {mount['fs_type']} (memory): the disk rows are not a disk")
-    start = time.perf_counter()
+    start, last = time.perf_counter(), None  # (prefix, seconds) of the last one measured
     try:
         for prefix in prefixes:
-            rows = measure_prefix(shape, prefix, device, folder, args.reps, args.workers)
+            elapsed = time.perf_counter() - start
+            guess = 0.0 if last is None else last[1] * prefix / last[0]  # ~ bytes, FLOPs
+            reps = args.reps if last is None or elapsed + guess <= args.budget_s else 1
+            if reps < args.reps:
+                print(f"P{prefix}: 1 rep (about {guess:.0f} s for {args.reps}, {elapsed:.0f} s "
+                      f"of the {args.budget_s:.0f} s budget spent)")
+            rows = measure_prefix(shape, prefix, device, folder, reps, args.workers)
+            last = (prefix, (time.perf_counter() - start - elapsed) * args.reps / reps)
             result["results"] += rows
             result["seconds"] = time.perf_counter() - start
             write_result(result, args.out)

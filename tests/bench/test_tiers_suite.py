@@ -62,3 +62,12 @@ def test_mount_of_finds_the_longest_mount_point(tmp_path):
     mount = suite.mount_of(str(tmp_path))
     if mount:  # (a Linux /proc/mounts)
         assert str(tmp_path).startswith(mount["mount"]) and mount["fs_type"]
+
+
+def test_a_spent_budget_leaves_one_rep(tmp_path, capsys):
+    out = tmp_path / "tiers.json"
+    assert suite.main(["--quick", "--reps", "2", "--budget-s", "0", "--out", str(out),
+                       "--disk-path", str(tmp_path)]) == 0
+    assert "1 rep" in capsys.readouterr().out
+    reps = {(r["case"], r["backend"]): r["reps"] for r in json.loads(out.read_text())["results"]}
+    assert reps["P64", "host"] == 2 and reps["P256", "host"] == 1
