@@ -27,7 +27,8 @@ What it costs (a Llama-3.2-1B shape: 32 KiB of K/V per token, 512 KiB per 16-tok
   speed, cold from an NVMe SSD at ~2-7 GB/s with several reads in flight (``workers``), from a
   network disk far less; then host -> device over PCIe (~40-55 GB/s on an H200), like a host hit.
   A 32k-token prefix (1 GiB) is ~0.2-0.5 s cold from a fast SSD, ~20 ms from the host tier;
-  recomputing it is a prefill of ~150 TFLOP. Short prefixes pay the ~0.1 ms latency per read.
+  recomputing it is a prefill of ~134 TFLOP (~0.3 s at 450 TFLOP/s). Short prefixes pay the
+  ~0.1 ms latency of each read.
 * ``prefetch`` overlaps those reads with the steps before the prompt is admitted; memory: a
   read block stays in host memory until a hit takes it or it leaves the disk.
 

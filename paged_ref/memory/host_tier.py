@@ -39,10 +39,12 @@ class BlockOps(NamedTuple):
     swap_out: list[tuple[int, int]]  #: (device block, host slot): spill evicted cached blocks
     swap_in: list[tuple[int, int]]  #: (host slot, device block): bring host hits back
     copies: list[tuple[int, int]]  #: (src, dst) device blocks: copy-on-write
-    to_disk: list[tuple[int, int]] = []  #: (host slot, disk slot): the host tier's oldest, down
-    device_to_disk: list[tuple[int, int]] = []  #: (device block, disk slot): pushed off the host
-    #: in the step that spilled it
-    from_disk: list = []  #: (block read from the disk ``[2, L, bs, Hkv, D]``, device block)
+    # NOTE: the disk's moves default to empty tuples (never a shared mutable list), so a
+    # BlockOps of three lists, as before the disk tier, still runs.
+    to_disk: list[tuple[int, int]] = ()  #: (host slot, disk slot): the host tier's oldest, down
+    device_to_disk: list[tuple[int, int]] = ()  #: (device block, disk slot): pushed off the
+    #: host in the step that spilled it
+    from_disk: list = ()  #: (block read from the disk ``[2, L, bs, Hkv, D]``, device block)
 
 
 class HostTier:

@@ -318,7 +318,7 @@ class KVCacheManager(BlockTables):
         and the disk, copies back from them, copy-on-writes). Run them with
         ``PagedKVCache.apply_block_ops(ops)`` before this step writes any K/V (with a host
         tier, call this every step)."""
-        ops = (BlockOps([], [], self._copies) if self._host is None
+        ops = (BlockOps([], [], self._copies, [], [], []) if self._host is None
                else self._host.take_moves(self._copies))
         self._copies = []
         self._release_pinned()
