@@ -272,9 +272,9 @@ class PagedKVCache:
             self.disk_tier.write(disk_slot, self.host_kv[slot])
         if device_to_disk:  # one gather on the device, one copy to the host, then the writes
             blocks, disk_slots = zip(*device_to_disk, strict=True)
-            staged = self.kv[:, :, self._index(list(blocks))].permute(2, 0, 1, 3, 4, 5).cpu()
-            for disk_slot, block in zip(disk_slots, staged, strict=True):
-                self.disk_tier.write(disk_slot, block.contiguous())
+            staged = self.kv[:, :, self._index(list(blocks))].permute(2, 0, 1, 3, 4, 5)
+            for disk_slot, block in zip(disk_slots, staged.contiguous().cpu(), strict=True):
+                self.disk_tier.write(disk_slot, block)
 
     # ---- quantised storage ------------------------------------------------------------------
 
