@@ -251,9 +251,7 @@ class KVCacheManager(BlockTables):
         else:
             token_ids = check_tokens(token_ids)
             if len(token_ids) != len(seq_ids):
-                raise ValueError(
-                    f"token_ids has {len(token_ids)} ids for {len(seq_ids)} sequences"
-                )
+                raise ValueError(f"token_ids has {len(token_ids)} ids for {len(seq_ids)} sequences")
         needed = self._blocks_for_step(seq_ids, self.ref_count)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(
@@ -376,6 +374,11 @@ class KVCacheManager(BlockTables):
         owed = {d for _, d in self._swap_in + self._copies}
         return self._prefix.in_place(tokens, owed) if self._prefix_caching else []
 
+    def num_cached_tokens(self, token_ids: list[int], hashes: list[bytes] | None = None) -> int:
+        """Leading tokens of ``token_ids`` (ints, unchecked) ``add_sequence`` would share now (0
+        without prefix caching); read only. ``hashes``: a memo (``PrefixCache.cached_tokens``)."""
+        return self._prefix.cached_tokens(token_ids, self._host, hashes)  # (none cached if off)
+
     # ---- helpers ----------------------------------------------------------------------------
 
     def _release_pinned(self) -> None:
@@ -392,8 +395,6 @@ class KVCacheManager(BlockTables):
             self._swap_out = self._host.spill(block_id, block_hash, self._swap_out)
 
     def __repr__(self) -> str:
-        return (
-            f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks}, "
-            f"prefix_caching={self._prefix_caching})"
-        )
+        return (f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks}, "
+                f"prefix_caching={self._prefix_caching})")
