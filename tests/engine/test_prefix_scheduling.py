@@ -187,3 +187,21 @@ def test_planted_mistake_is_caught(description, edits, tmp_path, monkeypatch):
             except AssertionError:
                 failed += 1
     assert failed, f"no check caught {description!r}"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_aging_slack_is_first_come_first_served(seed):
+    """``max_overtakes=0``: every waiting request is aged, so the prefix policy's steps are
+    FCFS's, chunk for chunk (and FCFS, the default, is what the scheduler always did)."""
+    rng = random.Random(seed)
+    systems = [[rng.randint(1, 99) for _ in range(rng.randint(3, 12))] for _ in range(3)]
+    prompts = [(rng.choice(systems) + [rng.randint(1, 99) for _ in range(rng.randint(1, 9))],
+                rng.randint(1, 6)) for _ in range(25)]
+    shapes = {}
+    for name, kw in (("fcfs", {}), ("prefix", {"scheduling_policy": "prefix",
+                                                "max_overtakes": 0})):
+        s = Scheduler(20, BS, max_num_seqs=4, max_num_batched_tokens=20, **kw)
+        steps = run(s, [Request(i, list(p), n) for i, (p, n) in enumerate(prompts)])
+        shapes[name] = [[(c.request.req_id, c.start, c.num_tokens) for c in o.chunks]
+                        for o in steps]
+    assert shapes["fcfs"] == shapes["prefix"]
