@@ -94,15 +94,13 @@ def admission_order(cached_tokens: Sequence[int], overtaken: Sequence[int],
     Args:
         cached_tokens: per waiting request (queue order: arrival, preempted ones first), its
             leading prompt tokens the prefix cache holds now.
-        overtaken: per waiting request, how many requests that arrived after it were admitted
-            while it waited.
+        overtaken: per waiting request, the later arrivals admitted while it waited.
         max_overtakes: the aging bound (>= 0).
 
-    A request overtaken ``max_overtakes`` times is *aged*: the aged go first, in queue order
-    (and admission stops at the first request that does not fit, so the oldest aged one gets
-    the next free blocks). The rest follow by cached tokens, most first -- SGLang's
-    longest-prefix-first: such a request costs little to admit and keeps its prefix hot --
-    ties in queue order. No request waits for more than ``max_overtakes`` later arrivals.
+    The *aged* (overtaken ``max_overtakes`` times) go first, in queue order: admission stops
+    at the first request that does not fit, so the oldest aged one gets the next free blocks.
+    The rest follow by cached tokens, most first (SGLang's longest-prefix-first: cheap to
+    admit, and admitting it keeps its prefix hot), ties in queue order.
     """
     def key(i: int) -> tuple[bool, int, int]:
         aged = overtaken[i] >= max_overtakes
