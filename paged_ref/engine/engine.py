@@ -152,7 +152,7 @@ class Engine:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
                     cache.apply_block_ops(out.block_ops)
-                sched.rollback()
+                sched.rollback(out)
             cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
             self._forget([r for r in self.requests.values() if r.status is Status.FINISHED])
             raise
@@ -213,14 +213,17 @@ class Engine:
                                f"{len(self.requests)} requests added with add_request first")
         checked = self._check_prompts(prompts, max_new_tokens)
         start = time.perf_counter()
-        reqs = {i: self.requests[self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos),
-                                           start)] for i, (p, n) in enumerate(checked) if n}
-        index = {r.req_id: i for i, r in reqs.items()}
         self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
         total = sum(n for _, n in checked)
         show = total >= PROGRESS_MIN_TOKENS if progress is None else progress
         bar = tqdm(total=total, desc="generate", unit="tok", disable=not show, leave=False)
-        try:
+        reqs: dict[int, Request] = {}
+        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts queued)
+            for i, (p, n) in enumerate(checked):
+                if n:
+                    params = SamplingParams(max_tokens=n, ignore_eos=ignore_eos)
+                    reqs[i] = self.requests[self._add(p, params, start)]
+            index = {r.req_id: i for i, r in reqs.items()}
             while self.has_unfinished_requests():
                 self.step()
                 out, finished, new_tokens, seconds = self._last

@@ -16,8 +16,9 @@ tokens generated so far are one long prompt again. Every step:
 
 Slots are taken when a chunk is scheduled (``append_slot`` with the token id, which feeds the
 prefix cache's hash) and the chunk is computed in the same step; if the step fails instead,
-:meth:`Scheduler.rollback` aborts every request whose blocks run ahead of its computed tokens
-(``free_sequence(num_computed=...)``: no hash is left over K/V never written).
+:meth:`Scheduler.rollback` aborts every request the step scheduled, and any whose blocks run ahead
+of its computed tokens (``free_sequence(num_computed=...)``: no hash is left over K/V never
+written).
 
 ``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
 ``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
@@ -190,10 +191,16 @@ class Scheduler:
         elif req.status is Status.RUNNING:
             self._finish(req, "abort", num_computed=req.num_computed)
 
-    def rollback(self) -> list[Request]:
+    def rollback(self, out: SchedulerOutput | None = None) -> list[Request]:
         """After a failed step: abort (and return) the running requests whose blocks run ahead
-        of their computed tokens, the ones the step scheduled. The others are as before."""
-        stale = [r for r in self.running if self.manager.seq_len(r.req_id) != r.num_computed]
+        of their computed tokens, and, given the step's ``out``, every other request it
+        scheduled (an :meth:`update` that failed half-way recorded some chunks: those requests
+        hold a token their caller never got). The others are as before."""
+        # NOTE: a chunk recorded by a half-done update has its K/V written (num_computed ==
+        # seq_len): aborting it keeps its hashes, but it must not run on a token ahead.
+        scheduled = {id(c.request) for c in out.chunks} if out is not None else set()
+        stale = [r for r in self.running if id(r) in scheduled
+                 or self.manager.seq_len(r.req_id) != r.num_computed]
         for r in stale:
             self.abort(r)
         return stale
