@@ -27,7 +27,7 @@ def observable(m: KVCacheManager):
     """All a query could disturb."""
     return (m.num_free_blocks, {s: (m.block_table(s), m.seq_len(s)) for s in m.seq_ids},
             m.cached_blocks(), m.allocator.evictable_blocks(), m.stats(),
-            (list(m._swap_in), list(m._swap_out), list(m._copies)))
+            list(m._copies), m._owed_targets())
 
 
 def prompts_sharing(rng: random.Random, bs: int) -> list[list[int]]:
