@@ -51,6 +51,7 @@ FILES = {
     "h200/serving.png": "plot of serving.json",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
+    "cpu/scheduling.json": "prefix-aware admission vs FCFS, simulated; table in docs/engine.md",
     "cpu/quant_accuracy.json": "attention error per KV format (10)",
     "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
     "cpu/quant_smollm2_noise.json": "bf16 perplexity under attention noise (10)",

@@ -51,6 +51,9 @@ class Engine:
         kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
         reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves up front:
             ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"`` (``policy.py``).
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"prefix"`` (longest cached prefix
+            first; one overtaken by ``max_overtakes`` later arrivals goes first:
+            ``policy.admission_order``).
 
     Raises:
         TypeError / ValueError: before any work, for an argument of the wrong type or value, or
@@ -64,7 +67,8 @@ class Engine:
                  max_model_len: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
                  kv_format: str | None = None, fused_backend: str = "auto",
-                 reservation: str = "paged") -> None:
+                 reservation: str = "paged", scheduling_policy: str = "fcfs",
+                 max_overtakes: int = 8) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -87,7 +91,8 @@ class Engine:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, reservation=reservation,
-                                   max_model_len=self.max_model_len)
+                                   max_model_len=self.max_model_len, max_overtakes=max_overtakes,
+                                   scheduling_policy=scheduling_policy)
         self.runner = ModelRunner(model, num_blocks, block_size,
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,

@@ -367,6 +367,11 @@ class KVCacheManager(BlockTables):
         owed = self._owed_targets()
         return self._prefix.in_place(tokens, owed) if self._prefix_caching else []
 
+    def num_cached_tokens(self, token_ids: list[int], hashes: list[bytes] | None = None) -> int:
+        """Leading tokens of ``token_ids`` (ints, unchecked) ``add_sequence`` would share now (0
+        without prefix caching); read only. ``hashes``: a memo (``PrefixCache.cached_tokens``)."""
+        return self._prefix.cached_tokens(token_ids, self._host, hashes)  # (none cached if off)
+
     # ---- helpers ----------------------------------------------------------------------------
 
     def _owed_targets(self) -> set[int]:

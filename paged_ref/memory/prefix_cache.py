@@ -139,6 +139,33 @@ class PrefixCache:
             blocks.append(block_id)
         return blocks
 
+    def cached_tokens(self, tokens: list[int], host=None, hashes: list[bytes] | None = None
+                      ) -> int:
+        """How many leading tokens of ``tokens`` ``add_sequence`` would find cached now, in
+        this pool or the host tier ``host``: whole blocks, at most ``(len(tokens) - 1) //
+        block_size`` of them. Changes nothing (no hit counted, no block held or revived).
+
+        ``hashes``: a memo the caller keeps for one prompt (start it empty): the hashes of its
+        leading full blocks computed so far, extended here as needed. ``tokens`` may grow
+        between calls, never change what the memo covers.
+
+        NOTE: hashes lazily, up to the first miss: the scheduler asks this of every waiting
+        request every step, and with the memo a repeat costs one C-level scan of it.
+        """
+        bs, n = self.block_size, 0
+        limit = (len(tokens) - 1) // bs if tokens else 0
+        hashes = [] if hashes is None else hashes
+        while n < limit:
+            if n == len(hashes):
+                hashes.append(hash_block_tokens(hashes[-1] if n else None,
+                                                tokens[n * bs:(n + 1) * bs]))
+            run = (self.allocator.cached_run(hashes[n:limit]) if host is None
+                   else len(self.lookup(hashes[n:limit], host)))
+            if not run:
+                break
+            n += run
+        return n * bs
+
     def in_place(self, tokens: list[int], owed: set[int]) -> list[int]:
         """The device blocks of the longest cached chain of ``tokens``' full blocks, up to the
         first one in ``owed`` (a move still has to fill it). Changes nothing."""
