@@ -6,10 +6,13 @@
     python -m paged_bench engine      # the serving engine vs transformers
     python -m paged_bench transfer    # KV blocks between two GPUs
     python -m paged_bench serving     # latency vs request rate: paging vs reservation
+    python -m paged_bench scheduling  # prefix-aware admission vs FCFS (CPU, simulated time)
+    python -m paged_bench tiers       # a cached prefix back from disk vs host vs recomputed
     python -m paged_bench sharing     # memory saved by forks: parallel samples, beams (CPU)
 
 Each suite is a module here with a ``main(argv)`` and its own ``--help``; :mod:`.common` is
 what they share. On a machine with no GPU a suite says so and prints what it would measure.
 """
 
-SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving", "sharing")
+SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving", "tiers", "scheduling",
+          "sharing")

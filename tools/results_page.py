@@ -46,14 +46,22 @@ FILES = {
                                     "design steps, ncu counters (10b)",
     "h200/short_calls_study.json": "short calls: clean-L2 timing, fixed cost, copy and read "
                                    "ceilings by size, host time in the timer (10c)",
+    "h200/serving.json": "serving under load: latency vs request rate per reservation policy, "
+                         "sustained rates, fitted step costs (12)",
+    "h200/serving.png": "plot of serving.json",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
-    "cpu/sharing_engine.json": "the same measured in the engine: forked samples and beams (07)",
+    "cpu/sharing_engine.json": "the same, measured in the engine (07)",
+    "cpu/scheduling.json": "prefix-aware admission vs FCFS, simulated; table in docs/engine.md",
     "cpu/quant_accuracy.json": "attention error per KV format (10)",
     "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
     "cpu/quant_smollm2_noise.json": "bf16 perplexity under attention noise (10)",
     "cpu/sm90_sass_mix.json": "SASS instruction mix of the Triton decode kernels, sm_90 (10a)",
 }
+#: Listed once its GPU run is committed (``python -m paged_bench tiers`` on the H200).
+TIERS = "h200/tiers.json"
+if (RESULTS / TIERS).exists():
+    FILES[TIERS] = "a cached prefix back from the disk tier vs the host tier vs recomputed (07, 09)"
 
 
 def load(name: str) -> dict:
@@ -145,6 +153,20 @@ def engine_section() -> str:
             + table(["shape", "batch", "ms", "roofline ms", "x roofline"], steps))
 
 
+def serving_section() -> str:
+    d = load("h200/serving.json")
+    rows = []
+    for r in d["results"]:
+        rate = r["sustained_rate_rps"]
+        at_least = ">= " if r["sustained_is_lower_bound"] else ""
+        shown = "-" if rate is None else f"{at_least}{rate:,.1f}"
+        rows.append([r["model"], r["dataset"], r["policy"], shown,
+                     f"{r['latency_bound_s'] * 1e3:.2f}"])
+    return (f"## Serving under load (`python -m paged_bench serving`)\n\n{stamp(d)} Sustained "
+            "rate: the highest Poisson rate under the latency bound (`>=`: all were).\n\n"
+            + table(["model", "dataset", "policy", "req/s", "bound ms/token"], rows))
+
+
 def transfer_section() -> str:
     d = load("h200x2/transfer.json")
     rows = [[r["case"], r["backend"], f"{r['ms']:.3f}", f"{r['gbps']:.0f}",
@@ -160,17 +182,32 @@ def sharing_section() -> str:
     d, e = load("cpu/sharing.json"), load("cpu/sharing_engine.json")
     mode = {"parallel sampling": "parallel", "beam search": "beam"}
     measured = {(r["dataset"], r["mode"], r["n"]): r["saved"] for r in e["results"]}
-    rows = [[r["dataset"], r["method"], str(r["n / width"]), f"{r['saving %']:.1f}",
+    rows = [[r["dataset"], mode[r["method"]], str(r["n / width"]), f"{r['saving %']:.1f}",
              f"{100 * measured[r['dataset'], mode[r['method']], r['n / width']]:.1f}",
              r["paper % (OPT-13B, n/width 2-6)"]] for r in d["savings"]]
-    return ("## Sharing blocks (`python tools/sharing_savings.py`, `python -m paged_bench "
-            "sharing`, CPU)\n\n"
-            f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`; engine: "
-            f"{e['date']}, commit `{e['commit']}`.* Memory saved by sharing, simulated with the "
-            "real `KVCacheManager` and measured in the engine (a micro random Llama: forks and frees), next to the "
-            "paper's Fig. 15."
-            "\n\n" + table(["dataset", "method", "n / width", "simulated %", "engine %",
-                             "paper %"], rows))
+    return ("## Sharing blocks (CPU)\n\n"
+            f"*Simulated (`tools/sharing_savings.py`): {d['date']}, `{d.get('commit', '?')}`; "
+            f"engine (`python -m paged_bench sharing`): {e['date']}, `{e['commit']}`.* % saved; "
+            "paper: Fig. 15."
+            "\n\n" + table(["dataset", "forks", "n", "simulated", "engine", "paper"], rows))
+
+
+def tiers_section() -> str:
+    d = load(TIERS)
+    cols = ["disk_cold", "disk_warm", "host", "recompute"]
+    rows = []
+    for case in cases_of(d["results"]):
+        got = {b: best(d["results"], case, b) for b in cols}
+        cold, again = got["disk_cold"], got["recompute"]
+        rows.append([case, *("-" if got[b] is None else f"{got[b]['ms']:.2f}" for b in cols),
+                     "-" if not (cold and again) else f"{again['ms'] / cold['ms']:.1f}"])
+    disk = d["disk"]
+    return (f"## Three tiers (`python -m paged_bench tiers`)\n\n{stamp(d)} ms to bring a cached "
+            "prefix back to the GPU (Llama-3.2-1B shape, bf16): from the disk tier after its "
+            "pages were dropped (`cold`) or from the page cache (`warm`), from pinned host "
+            f"memory, or recomputed (16 random-weight layers). Disk file on "
+            f"{disk.get('fs_type', '?')} ({disk.get('source', '?')}).\n\n"
+            + table(["prefix", *cols, "recompute / disk cold"], rows))
 
 
 def index_section() -> str:
@@ -186,7 +223,8 @@ def page() -> str:
              "[docs/lab_notes.md](../docs/lab_notes.md). This page is generated by "
              "`python tools/results_page.py` from the files.",
              decode_section(), prefill_section(), quant_section(), engine_section(),
-             transfer_section(), sharing_section(), index_section()]
+             serving_section(), transfer_section(), sharing_section(),
+             *([tiers_section()] if TIERS in FILES else []), index_section()]
     return "\n\n".join(parts) + "\n"
 
 

@@ -1,9 +1,10 @@
 """``Engine``: continuous batching over the paged KV cache, online (vLLM's ``LLMEngine``
 calls: ``add_request``, ``step``, ``abort``, ``has_unfinished_requests``) and offline
-(``generate``, a loop over them). A step: the scheduler picks chunks, the engine lays them out
-as one flat batch, the runner computes them and picks the tokens, the scheduler records them.
-If anything raises inside a step, the requests it scheduled are aborted (blocks freed, hashes of
-blocks never written dropped) and the exception propagates; ``generate`` aborts all of its own.
+(``generate``, ``beam_search``: loops over its steps, in :mod:`paged_ref.offline`). A step: the
+scheduler picks chunks, the engine lays them out as one flat batch, the runner computes them and
+picks the tokens, the scheduler records them. If anything raises inside a step, the requests it
+scheduled are aborted (blocks freed, hashes of blocks never written dropped) and the exception
+propagates; ``generate`` aborts all of its own.
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
-from paged_ref import _device
+from paged_ref import _device, offline
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine.policy import reserved_tokens
 from paged_ref.engine.request import Request, Status, fork_samples
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
-from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats, StepEvent
+from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats
 from paged_ref.sampling.params import SamplingParams, as_token_ids
 from paged_ref.sampling.sampler import SamplingBatch
 
-#: Show a progress bar when a call generates at least this many tokens (``progress=None``).
-PROGRESS_MIN_TOKENS = 4096
 #: ``attention_backend`` / ``fused_backend`` values.
 BACKENDS = ("auto", "torch", "triton")
 
@@ -51,6 +49,9 @@ class Engine:
         kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
         reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves up front:
             ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"`` (``policy.py``).
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"prefix"`` (longest cached prefix
+            first; one overtaken by ``max_overtakes`` later arrivals goes first:
+            ``policy.admission_order``).
 
     Raises:
         TypeError / ValueError: before any work, for an argument of the wrong type or value, or
@@ -64,7 +65,8 @@ class Engine:
                  max_model_len: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
                  kv_format: str | None = None, fused_backend: str = "auto",
-                 reservation: str = "paged") -> None:
+                 reservation: str = "paged", scheduling_policy: str = "fcfs",
+                 max_overtakes: int = 8) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -87,7 +89,8 @@ class Engine:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, reservation=reservation,
-                                   max_model_len=self.max_model_len)
+                                   max_model_len=self.max_model_len, max_overtakes=max_overtakes,
+                                   scheduling_policy=scheduling_policy)
         self.runner = ModelRunner(model, num_blocks, block_size,
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
@@ -166,7 +169,7 @@ class Engine:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
                     cache.apply_block_ops(out.block_ops)
-                sched.rollback()
+                sched.rollback(out)
             cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
             self._forget(list(self.requests.values()))
             raise
@@ -192,87 +195,10 @@ class Engine:
         """Whether any request is waiting or running."""
         return bool(self.requests)
 
-    # ---- the offline call -------------------------------------------------------------------
+    # ---- the offline calls (vLLM's LLM: paged_ref.offline) ----------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 max_new_tokens: int | Sequence[int] | None = None, *,
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ignore_eos: bool = False, on_step: Callable[[StepEvent], None] | None = None,
-                 progress: bool | None = None) -> list[list[int]]:
-        """Greedy continuations of ``prompts`` (token ids), in prompt order -- or sampled ones.
-
-        Each request stops after ``max_new_tokens`` tokens (an int, or one per prompt), or
-        right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to
-        transformers' ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each
-        prompt alone (float32). Instead of ``max_new_tokens`` and ``ignore_eos``, ``params``
-        (one :class:`SamplingParams` for all prompts, or one per prompt) says how each samples
-        and stops; a prompt with ``n > 1`` gives a list of its ``n`` completions (sample order).
-        ``on_step`` gets a :class:`StepEvent` after each step, ``engine.stats`` the call's
-        :class:`RunStats`.
-
-        Raises:
-            ValueError (before any work): an empty prompt list or prompt, a token id outside
-                ``[0, vocab_size)``, ``max_new_tokens < 0``, a request that can never fit in
-                the pool (``ceil((len(prompt) + max_new_tokens - 1) / block_size) >
-                num_blocks``, or its reservation) or is longer than ``max_model_len``.
-            TypeError: prompts that are not lists of int token ids; both or neither of
-                ``max_new_tokens`` and ``params``, or ``params`` not SamplingParams.
-            RuntimeError: requests added with :meth:`add_request` are unfinished.
-            Whatever a step or ``on_step`` raised, after aborting every request of the call.
-        """
-        if self.has_unfinished_requests():
-            raise RuntimeError("generate runs its own prompts only: finish (step) or abort the "
-                               f"{len(self.requests)} requests added with add_request first")
-        if (max_new_tokens is None) == (params is None):
-            raise TypeError("give max_new_tokens (greedy) or params (SamplingParams), not both")
-        each = params if isinstance(params, Sequence) else None
-        if params is not None and not all(isinstance(p, SamplingParams) for p in each or [params]):
-            raise TypeError(f"params must be a SamplingParams or a list of them, got {params!r}")
-        checked = self._check_prompts(prompts, max_new_tokens if params is None else
-                                      [p.max_tokens for p in each] if each else params.max_tokens)
-        start = time.perf_counter()
-        reqs = {i: self.requests[self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos)
-                                           if params is None else each[i] if each else params,
-                                           start)] for i, (p, n) in enumerate(checked) if n}
-        index = {r.req_id + j: i if r.params.n == 1 else (i, j)  # (sample j of n: id + j)
-                 for i, r in reqs.items() for j in range(r.params.n)}
-        self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
-        total = sum(n for _, n in checked)
-        show = total >= PROGRESS_MIN_TOKENS if progress is None else progress
-        bar = tqdm(total=total, desc="generate", unit="tok", disable=not show, leave=False)
-        try:
-            while self.has_unfinished_requests():
-                self.step()
-                out, finished, new_tokens, seconds = self._last
-                if on_step is not None:
-                    on_step(self._event(stats.steps, index))
-                stats.steps += 1
-                stats.computed_tokens += out.num_tokens
-                stats.cached_tokens += out.cached_tokens
-                stats.preemptions += len(out.preempted)
-                stats.max_running = max(stats.max_running,
-                                        len(self.scheduler.running) + len(finished))
-                bar.update(len(new_tokens))
-        except BaseException:
-            for r in reqs.values():
-                self.abort(r.req_id)
-            raise
-        finally:
-            bar.close()
-        stats.seconds = time.perf_counter() - start
-        stats.output_tokens = sum(len(s.output) for r in reqs.values() for s in r.group)
-        stats.metrics = [reqs[i].metrics if i in reqs else None for i in range(len(checked))]
-        stats.ttft_s = [(m.ttft or 0.0) if m else 0.0 for m in stats.metrics]
-        return [[] if i not in reqs else list(reqs[i].output) if reqs[i].params.n == 1 else
-                [list(s.output) for s in reqs[i].group] for i in range(len(checked))]
-
-    def beam_search(self, prompts: Sequence[Sequence[int]], beam_width: int,
-                    max_tokens: int | Sequence[int], **options) -> list[RequestOutput]:
-        """Beam search, as transformers' ``generate(num_beams=beam_width, ...)``, the beams
-        forked and freed in this pool: :func:`paged_ref.beam_search.beam_search`."""
-        from paged_ref.beam_search import beam_search
-
-        return beam_search(self, prompts, beam_width, max_tokens, **options)
+    generate = offline.generate
+    beam_search = offline.beam_search
 
     # ---- one step's pieces ------------------------------------------------------------------
 
@@ -327,21 +253,6 @@ class Engine:
             step.seq_lens.append(chunk.end)
             step.block_tables.append(m.block_table(req.req_id))
         return step
-
-    def _event(self, step: int, index: dict[int, int]) -> StepEvent:
-        """The last step as a :class:`StepEvent`, requests named by ``index[req_id]``."""
-        out, finished, new_tokens, seconds = self._last
-        m, running = self.scheduler.manager, self.scheduler.running
-        return StepEvent(
-            step=step, ran=[(index[c.request.req_id], c.start, c.num_tokens) for c in out.chunks],
-            admitted=[index[r.req_id] for r in out.admitted],
-            preempted=[index[r.req_id] for r in out.preempted],
-            finished=[index[r.req_id] for r in finished],
-            new_tokens={index[r.req_id]: t for r, t in new_tokens.items()},
-            block_tables={index[r.req_id]: m.block_table(r.req_id) for r in running},
-            seq_lens={index[r.req_id]: m.seq_len(r.req_id) for r in running},
-            num_free_blocks=m.num_free_blocks, num_blocks=self.num_blocks,
-            block_size=self.block_size, cached_tokens=out.cached_tokens, seconds=seconds)
 
     # ---- input checks -----------------------------------------------------------------------
 

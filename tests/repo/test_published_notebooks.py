@@ -124,6 +124,19 @@ def prose(nb: dict) -> str:
     return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_keeps_the_lesson_shape(path):
+    """The editorial bar for every lesson: at most 2,500 words of prose (a deep dive 3,500), at
+    least two pictures, no diary language."""
+    nb = load(path)
+    text = prose(nb)
+    most = 3500 if path.name[2].isalpha() else 2500
+    assert len(text.split()) <= most, f"{path.name}: {len(text.split())} words of prose"
+    assert tool.count_images(nb) >= 2, f"{path.name}: {tool.count_images(nb)} pictures"
+    found = [d for d in DIARY if d in text.lower()]
+    assert not found, f"{path.name}: diary language {found}"
+
+
 @pytest.mark.parametrize("name, most_words", [
     ("10_quantised_kv.ipynb", 2500), ("10a_why_fp8_is_not_2x.ipynb", 3500),
     ("10b_hand_written_cuda.ipynb", 3500), ("10c_measuring_short_calls.ipynb", 3500)])
