@@ -23,7 +23,7 @@ never read past the table).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,9 @@ class DecodePlan:
     scratch: object | None = None  # kernels.triton.split.SplitScratch
     kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
     cuda: object | None = None  # kernels.cuda.CudaDecodePlan (backend "cuda")
+    #: signature -> bound launches of the planned calls (:mod:`paged_ref.planned`); a new
+    #: dict for every plan, never copied by ``dataclasses.replace``
+    bindings: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 def triton_reads(kv_format, head_dim: int) -> bool:
