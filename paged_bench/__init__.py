@@ -6,9 +6,11 @@
     python -m paged_bench engine      # the serving engine vs transformers
     python -m paged_bench transfer    # KV blocks between two GPUs
     python -m paged_bench serving     # latency vs request rate: paging vs reservation
+    python -m paged_bench host_path   # host time of one planned decode call (vs FlashInfer)
+    python -m paged_bench warmup      # the engine's first generate vs its second (warm-up)
 
 Each suite is a module here with a ``main(argv)`` and its own ``--help``; :mod:`.common` is
 what they share. On a machine with no GPU a suite says so and prints what it would measure.
 """
 
-SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving")
+SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving", "host_path", "warmup")

@@ -71,8 +71,12 @@ def gpu_backend(lens: list[int]) -> str:
     return "triton_split" if split.num_chunks > 1 else "triton"
 
 
-def planned_call(lens: list[int], dtype: torch.dtype, device: str, backend: str):
-    """``(call, inputs, plan)``: the planned call on random inputs of ``lens``."""
+def planned_call(lens: list[int], dtype: torch.dtype, device: str, backend: str,
+                 merge: str = "plan"):
+    """``(call, inputs, plan)``: the planned call on random inputs of ``lens``; ``merge="kernel"``
+    makes a split plan merge with the second kernel also when run eagerly."""
+    import dataclasses
+
     from paged_course.testing import make_paged_inputs
     from paged_ref import paged_attention, plan_decode
 
@@ -82,6 +86,9 @@ def planned_call(lens: list[int], dtype: torch.dtype, device: str, backend: str)
                        num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
                        block_size=shape["block_size"], dtype=dtype, device=device,
                        backend=backend)
+    if merge == "kernel" and plan.split is not None:
+        plan = dataclasses.replace(plan, split=dataclasses.replace(plan.split,
+                                                                   eager_fused_merge=False))
     out = torch.empty_like(inp.q)
     args = inp.args()
 
@@ -91,18 +98,23 @@ def planned_call(lens: list[int], dtype: torch.dtype, device: str, backend: str)
     return call, inp, plan
 
 
-def host_us(fn, calls: int) -> dict:
-    """Median and p90 host microseconds per call of ``fn`` over ``calls`` timed calls."""
-    for _ in range(min(100, calls)):  # warm: compilation, caches, the first binding
-        fn()
+def host_us(fn, calls: int, stub: bool = False) -> dict:
+    """Median and p90 host microseconds per call of ``fn`` over ``calls`` timed calls; with
+    ``stub``, the kernels not run in the timed calls (:func:`stubbed_launches`; on a GPU the
+    warm-up calls before them launch, so that the kernels are compiled and bound)."""
+    on_gpu = torch.cuda.is_available()
+    with stubbed_launches() if stub and not on_gpu else contextlib.nullcontext():
+        for _ in range(min(100, calls)):  # warm: compilation, caches, the first binding
+            fn()
     sync()
     times = []
-    for i in range(calls):
-        if i % 100 == 0:
-            sync()
-        start = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - start)
+    with stubbed_launches() if stub else contextlib.nullcontext():
+        for i in range(calls):
+            if i % 100 == 0:
+                sync()
+            start = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - start)
     sync()
     times.sort()
     return {"median_us": statistics.median(times) / 1e3,
@@ -124,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=None,
                    help="plan_decode's backend (default: auto on a GPU; on a CPU the Triton "
                         "backend a GPU would pick)")
+    p.add_argument("--merge", default="plan", choices=("plan", "kernel"),
+                   help="kernel: a split plan merges with the second kernel when run eagerly "
+                        "too (the plan's default merges inside the split kernel for small "
+                        "work, SplitPlan.eager_fused_merge)")
     p.add_argument("--stub-launch", action="store_true",
                    help="time the host path with the kernel launch itself a no-op (the "
                         "default without a GPU)")
@@ -135,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     lens = CASES[args.case]
     backend = args.backend or ("auto" if on_gpu else gpu_backend(lens))
     stub = args.stub_launch or not on_gpu
-    call, inp, plan = planned_call(lens, DTYPES[args.dtype], device, backend)
+    call, inp, plan = planned_call(lens, DTYPES[args.dtype], device, backend, args.merge)
     result = {**environment(), "case": args.case, "dtype": args.dtype, "backend": plan.backend,
               "split": None if plan.split is None else vars(plan.split),
-              "launch_stubbed": stub}
-    with stubbed_launches() if stub else contextlib.nullcontext():
-        result["planned_call"] = host_us(call, args.calls)
+              "merge": args.merge, "launch_stubbed": stub}
+    result["planned_call"] = host_us(call, args.calls, stub)
+    result["bound"] = any(b is not None for b in getattr(plan, "bindings", {}).values())
     if on_gpu and not stub:
         from paged_course.timing import time_ms
 

@@ -348,7 +348,8 @@ def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor,
     got = (shapes.batch, shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim,
            shapes.block_size)
     if got != want:
-        names = ("batch", "num_q_heads", "num_kv_heads", "head_dim", "block_size")
+        names = ("q has batch", "q has num_q_heads", "k_cache has num_kv_heads",
+                 "k_cache has head_dim", "k_cache has block_size")
         diff = ", ".join(f"{n} {g} (planned {w})" for n, g, w in zip(names, got, want, strict=True)
                          if g != w)
         raise ValueError(f"inputs do not match the plan: {diff}")

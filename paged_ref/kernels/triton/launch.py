@@ -182,10 +182,11 @@ def _launcher(compiled, grid: tuple) -> tuple:
     launcher itself when the kernel needs no scratch memory that Triton allocates per launch
     (its Python wrapper then does nothing but pass its settings on), else that wrapper."""
     run = compiled.run  # (loads the binary: sets compiled.function)
-    c_launch = getattr(run, "launch", None)
+    settings = ("launch", "launch_cooperative_grid", "launch_pdl")
     no_scratch = (getattr(run, "global_scratch_size", 1) == 0
                   and getattr(run, "profile_scratch_size", 1) == 0)
-    if c_launch is not None and no_scratch:
+    if no_scratch and all(hasattr(run, name) for name in settings):  # (Triton 3.6's launcher)
+        c_launch = run.launch
         return c_launch, [*grid, None, compiled.function, run.launch_cooperative_grid,
                           run.launch_pdl, None, None, compiled.packed_metadata, None, None, None]
     return run, [*grid, None, compiled.function, compiled.packed_metadata, None, None, None]
