@@ -63,11 +63,11 @@ def _signature(plan: DecodePlan, tensors: tuple, made_out: bool) -> tuple:
     meta = tuple([(type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors])
     if plan.device.type != "cuda":
         return meta, made_out
-    from paged_ref.kernels.triton.split import capturing
-
     # NOTE: a split plan may merge inside the split kernel when eager and with a second
-    # kernel when captured (SplitPlan.eager_fused_merge): the capture state picks the kernels.
-    return meta, made_out, capturing(tensors[0]), torch.cuda.current_device()
+    # kernel when captured (SplitPlan.eager_fused_merge): the capture state picks the kernels
+    # (as kernels.triton.split.capturing asks it), the current device their context.
+    capturing = tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    return meta, made_out, capturing, torch.cuda.current_device()
 
 
 def call_planned(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out):
