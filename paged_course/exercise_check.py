@@ -191,6 +191,23 @@ def _remember(result: CheckResult, keyword: str | None) -> None:
         _VERDICTS[(result.impl, result.name, key)] = result
 
 
+#: Why an exercise is not compared yet, for one exercise and for several.
+_WAITING = {
+    "unchecked": ("not checked yet: run its check cell", "not checked yet: run their checks"),
+    "saved": ("you saved the file since its check: run the check again",
+              "you saved the file since their checks: run them again"),
+}
+_VERDICT_WORDS = {"todo": "not implemented yet", "no tests": "no tests ran"}
+
+
+def _why_waiting(why: str, count: int) -> str:
+    """The words in brackets after the waiting exercises (one reason, ``count`` of them)."""
+    if why in _WAITING:
+        return _WAITING[why][count > 1]
+    word = _VERDICT_WORDS.get(why, why)
+    return f"{word} in its last check" if count == 1 else f"{word} in their last checks"
+
+
 def passed(name: str, *exercises: str, impl: str | None = None, say: bool = True) -> bool:
     """Did each of ``exercises`` (numbers such as ``"2.4"``, or the keyword of a check) pass
     its last :func:`check`, with the file unchanged since?
@@ -206,18 +223,22 @@ def passed(name: str, *exercises: str, impl: str | None = None, say: bool = True
         raise ValueError("name at least one exercise, e.g. passed('ex02_block_allocator', '2.4')")
     impl = pick_impl(impl)
     stamp = file_stamp(exercise_path(name, impl))
-    waiting = []
+    waiting: dict[str, list[str]] = {}  # why -> the exercises waiting for that reason
     for ex in exercises:
         last = _VERDICTS.get((impl, name, ex))
         if last is None:
-            waiting.append(f"{ex} (not checked yet: run its check cell)")
+            why = "unchecked"
         elif last.stamp != stamp:
-            waiting.append(f"{ex} (you saved the file since its check: run the check again)")
+            why = "saved"
         elif not last.ok:
-            waiting.append(f"{ex} ({last.verdict} in its last check)")
+            why = last.verdict
+        else:
+            continue
+        waiting.setdefault(why, []).append(ex)
     if waiting and say:
         print(f"{short_name(name)}: not compared with paged_ref yet; waiting for "
-              + "; ".join(waiting))
+              + "; ".join(f"{', '.join(exs)} ({_why_waiting(why, len(exs))})"
+                          for why, exs in waiting.items()))
     return not waiting
 
 

@@ -1,7 +1,8 @@
 """paged_ref: the reference implementation of the paged attention course.
 
 Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManager`,
-:class:`PagedKVCache`. Attention: :func:`paged_attention` with backends ``"torch"``,
+:class:`PagedKVCache`, :class:`DiskTier` (evicted blocks in a file, under the host tier).
+Attention: :func:`paged_attention` with backends ``"torch"``,
 ``"triton"``, ``"triton_split"`` and ``"auto"``;
 :func:`paged_prefill` for many query tokens per sequence (prompts, chunks, prefix hits);
 :func:`write_kv` stores new tokens' K/V through the slot mapping.
@@ -18,11 +19,13 @@ from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.memory.storage import PagedKVCache
+from paged_ref.memory.disk_tier import DiskTier
 
 __all__ = [
     "BACKENDS",
     "BlockAllocator",
     "DecodePlan",
+    "DiskTier",
     "KVCacheManager",
     "KVFormat",
     "OutOfBlocksError",

@@ -10,9 +10,12 @@ two of the output length, Orca (Oracle) exactly the prompt plus the output it wi
 Exercises:
     12.1  reserved_blocks  blocks a request takes at admission under each policy
     12.2  sustained_rate   the highest request rate a system serves within a latency bound
+    12.3  admission_order  prefix-aware admission: longest cached prefix first, with aging
 
 ``paged_ref.engine.policy.reserved_tokens`` is what the engine's scheduler uses for 12.1;
-``paged_course.serving.sweep.sustained_rate`` is the finished 12.2.
+``paged_course.serving.sweep.sustained_rate`` is the finished 12.2;
+``paged_ref.engine.policy.admission_order`` is the engine's 12.3
+(``Engine(scheduling_policy="prefix")``).
 """
 
 from __future__ import annotations
@@ -104,4 +107,46 @@ def sustained_rate(rates: Sequence[float], latencies: Sequence[float],
         if l1 > bound:
             return r0 + (bound - l0) / (l1 - l0) * (r1 - r0)
     return rates[-1]
+    # END SOLUTION
+
+
+def admission_order(cached_tokens: Sequence[int], overtaken: Sequence[int],
+                    max_overtakes: int) -> list[int]:
+    """Exercise 12.3: the order in which admission tries the waiting requests.
+
+    First come, first served admits from the head of the queue whatever the prefix cache
+    holds. SGLang's longest-prefix-first tries first the request with the most prompt tokens
+    already cached: it costs little to admit (only the rest of its prompt is computed), and
+    admitting it while its prefix is hot keeps that prefix from being evicted. Alone, it can
+    starve a request nothing is cached for, behind a steady stream of requests that hit.
+    The aging bound: a request that ``max_overtakes`` later arrivals have overtaken goes first.
+
+    Args:
+        cached_tokens: per waiting request, in queue order (arrival order), the leading
+            tokens of its prompt the prefix cache holds now.
+        overtaken: per waiting request, how many requests that arrived after it were admitted
+            while it waited.
+        max_overtakes: the aging bound (>= 0).
+
+    Returns:
+        Indices into the queue: first the *aged* requests (``overtaken >= max_overtakes``),
+        in queue order; then the others, most cached tokens first, ties in queue order.
+
+    Example:
+        >>> admission_order([0, 48, 16, 48], [0, 0, 0, 0], max_overtakes=8)
+        [1, 3, 2, 0]
+        >>> admission_order([0, 48, 16], [8, 0, 9], max_overtakes=8)   # 0 and 2 are aged
+        [0, 2, 1]
+
+    Hints:
+        * ``sorted`` is stable, and a key may be a tuple: ``(not aged, ...)`` puts the aged
+          (``False``) first.
+        * Sort by ``-cached`` for "most first"; end the key with the index for the ties.
+    """
+    # BEGIN SOLUTION
+    def key(i: int) -> tuple[bool, int, int]:
+        aged = overtaken[i] >= max_overtakes
+        return (not aged, 0 if aged else -cached_tokens[i], i)
+
+    return sorted(range(len(cached_tokens)), key=key)
     # END SOLUTION

@@ -258,3 +258,22 @@ def test_planted_python_only_scale_check_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(attention, "check_scale", mutant.check_scale)
     with pytest.raises(TypeError):
         test_any_real_scalar_is_a_scale(np.float32(0.25), "torch")
+
+
+def test_planted_missing_meta_check_is_caught(tmp_path, monkeypatch):
+    """Scenario 12 planted back: without the device check a meta tensor gets torch's "can't
+    convert meta device type tensor to numpy" (or runs), naming no argument."""
+    from paged_ref import kv_write, validation
+    from tests.mutations.mutate import mutant_of
+
+    mutant = mutant_of(validation, [('if device.type == "meta":', "if False:")], tmp_path,
+                       monkeypatch)
+    for module in (validation, kv_write):
+        monkeypatch.setattr(module, "check_device", mutant.check_device)
+    for backend in ("torch", "triton"):
+        with pytest.raises((AssertionError, pytest.fail.Exception, RuntimeError,
+                            NotImplementedError, TypeError)):
+            test_every_tensor_on_meta_names_the_argument(backend)
+    with pytest.raises((AssertionError, pytest.fail.Exception, RuntimeError,
+                        NotImplementedError, TypeError)):
+        test_meta_in_prefill_and_write_kv_names_the_argument()

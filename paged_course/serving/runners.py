@@ -98,11 +98,13 @@ def instrument(engine, *, null: bool = False):
 
 def simulation_engine(reservation: str = "paged", *, num_blocks: int, block_size: int = 16,
                       max_model_len: int = 1024, max_num_seqs: int = 256,
-                      max_num_batched_tokens: int = 2048, seed: int = 0):
+                      max_num_batched_tokens: int = 2048, seed: int = 0, **options):
     """A :class:`paged_ref.engine.Engine` over a tiny random Llama (:data:`TINY`, float32, CPU,
     vocabulary 512) whose runner is a :class:`NullRunner`: the real scheduler and block manager
     with ``reservation``, ``num_blocks`` blocks of ``block_size`` and ``max_model_len``; no
-    prefix caching (random prompts share nothing). Its steps cost only the host's bookkeeping.
+    prefix caching (random prompts share nothing) unless ``options`` (more ``Engine``
+    arguments: ``enable_prefix_caching=True, scheduling_policy="prefix"``, ...) say otherwise.
+    Its steps cost only the host's bookkeeping.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -113,8 +115,9 @@ def simulation_engine(reservation: str = "paged", *, num_blocks: int, block_size
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
-                    enable_prefix_caching=False, max_num_seqs=max_num_seqs,
+    options = {"enable_prefix_caching": False, **options}
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, **options,
+                    max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, attention_backend="torch",
                     fused_backend="torch", cuda_graphs=False, max_model_len=max_model_len,
                     reservation=reservation)

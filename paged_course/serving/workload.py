@@ -19,6 +19,10 @@ Lengths (:data:`LENGTHS`): lognormal with the means the paper reports for its tw
 :func:`paged_course.simulate.sample_requests`), clipped so that prompt + output fits ``max_len``.
 :func:`length_table` prints the parameters and the means a trace has next to the paper's.
 
+A shared-prefix trace (:func:`make_shared_prefix_trace`, for prefix-aware scheduling): a few
+system prompts and multi-turn chats, each turn's prompt the chat so far plus a new user turn;
+its prompt ids are built from those parts (:meth:`SharedPrefixTrace.prompt_ids`).
+
 The file format (JSON lines, :func:`save_trace` / :func:`load_trace`)::
 
     {"format": "paged-course-trace/1", "dataset": "ShareGPT-like", "rate_rps": 2.0, "seed": 0,
@@ -144,7 +148,11 @@ def length_table(n: int = 10_000, seed: int = 0, max_len: int = 1024) -> list[di
 
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
-    """Write ``trace`` as JSON lines (a header, then one line per request); returns the path."""
+    """Write ``trace`` as JSON lines (a header, then one line per request); returns the path.
+    TypeError for a :class:`SharedPrefixTrace` (the format cannot say which prompts share)."""
+    if isinstance(trace, SharedPrefixTrace):
+        raise TypeError("save_trace writes plain traces; rebuild a shared-prefix trace from its "
+                        "make_shared_prefix_trace arguments instead")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     head = {"format": FORMAT, "dataset": trace.dataset, "rate_rps": trace.rate_rps,
@@ -185,3 +193,112 @@ def load_trace(path: str | Path) -> Trace:
         reqs.append(req)
     return Trace(tuple(reqs), head["dataset"], float(head["rate_rps"]), int(head["seed"]),
                  int(head["max_len"]))
+
+
+# ---- a shared-prefix workload: system prompts and multi-turn chats ---------------------------
+
+#: Its name (``Trace.dataset``) and its shape's defaults (:func:`make_shared_prefix_trace`).
+SHARED_PREFIX = "shared-prefix"
+CHAT_SIGMA = 0.5  #: the lognormal log-spread of user turns and replies
+
+
+@dataclass(frozen=True)
+class Chat:
+    """One conversation: its system prompt (an index) and per turn the user's and the reply's
+    lengths (tokens; the reply is the request's output)."""
+
+    system: int
+    user_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SharedPrefixTrace(Trace):
+    """A :class:`Trace` whose prompts share prefixes: request ``i`` is turn ``turns[i][1]`` of
+    chat ``turns[i][0]``; its prompt is the chat's system prompt, then for each earlier turn
+    the user's text and the reply, then this turn's user text."""
+
+    system_lens: tuple[int, ...] = ()
+    chats: tuple[Chat, ...] = ()
+    turns: tuple[tuple[int, int], ...] = ()
+
+    def prompt_ids(self, i: int, vocab_size: int) -> list[int]:
+        """Request ``i``'s prompt, ids in ``[3, vocab_size)``: system prompt ``s`` is
+        ``default_rng([seed, 10, s])``'s draw, user turn ``k`` of chat ``c`` ``[seed, 11, c,
+        k]``'s, its reply ``[seed, 12, c, k]``'s (a stand-in for what the model said: the
+        engine caches its own reply under other ids, so only earlier *prompts* can hit)."""
+        if vocab_size < 4:
+            raise ValueError(f"vocab_size must be >= 4, got {vocab_size}")
+        c, k = self.turns[i]
+        chat = self.chats[c]
+
+        def ids(n: int, *stream: int) -> list[int]:
+            return np.random.default_rng([self.seed, *stream]).integers(3, vocab_size, n).tolist()
+
+        out = ids(self.system_lens[chat.system], 10, chat.system)
+        for j in range(k):
+            out += ids(chat.user_lens[j], 11, c, j) + ids(chat.output_lens[j], 12, c, j)
+        return out + ids(chat.user_lens[k], 11, c, k)
+
+
+def make_shared_prefix_trace(n: int, rate_rps: float, seed: int = 0, max_len: int = 2048, *,
+                             num_systems: int = 4, system_len: tuple[int, int] = (200, 800),
+                             max_turns: int = 4, user_mean: float = 64.0,
+                             output_mean: float = 128.0,
+                             think_gaps: float = 10.0) -> SharedPrefixTrace:
+    """``n`` requests of multi-turn chats over ``num_systems`` system prompts, ~``rate_rps``
+    requests/s (the ``n`` earliest arrivals of the chats drawn).
+
+    Args:
+        n: requests (>= 1).
+        rate_rps: mean request rate, requests/s (> 0): chats start as a Poisson process of
+            rate ``rate_rps / mean turns``.
+        seed: draws everything (lengths, arrivals, ids).
+        max_len: prompt + output <= max_len tokens (a chat ends at the turn that would not fit).
+        num_systems: system prompts, each of a length uniform in ``system_len`` (tokens); a
+            chat's is drawn uniformly among them.
+        max_turns: a chat's turns are uniform in ``1 .. max_turns``.
+        user_mean, output_mean: mean tokens of a user turn and a reply (lognormal,
+            :data:`CHAT_SIGMA`).
+        think_gaps: a user's mean pause between turns (exponential), in mean request gaps
+            (``think_gaps / rate_rps`` s), so :meth:`Trace.at_rate` scales it with the rest.
+
+    Raises:
+        ValueError: ``n < 1``, a rate not > 0, sizes out of range (a system prompt of
+            ``system_len[1]`` plus a one-token turn and reply must fit ``max_len``).
+    """
+    rate = check_rate(rate_rps)
+    lo, hi = system_len
+    if n < 1 or num_systems < 1 or max_turns < 1 or not 1 <= lo <= hi or hi + 2 > max_len:
+        raise ValueError(f"need n, num_systems, max_turns >= 1 and 1 <= system_len[0] <= "
+                         f"system_len[1] <= max_len - 2; got n={n}, num_systems={num_systems}, "
+                         f"max_turns={max_turns}, system_len={system_len}, max_len={max_len}")
+    rng = np.random.default_rng([seed, 20])
+    systems = tuple(int(x) for x in rng.integers(lo, hi + 1, num_systems))
+    chat_rate = rate / ((1 + max_turns) / 2)
+
+    def draw(mean: float) -> int:
+        return max(1, int(round(rng.lognormal(math.log(mean) - CHAT_SIGMA**2 / 2, CHAT_SIGMA))))
+
+    chats, rows, start = [], [], 0.0  # rows: (arrival, prompt, output, chat, turn)
+    while True:
+        start += rng.exponential(1.0) / chat_rate
+        if len(rows) >= n and start > rows[n - 1][0]:  # (no later chat arrives earlier)
+            break
+        system, t, users, outs = int(rng.integers(num_systems)), start, [], []
+        used = systems[system]
+        for k in range(int(rng.integers(1, max_turns + 1))):
+            user, out = draw(user_mean), draw(output_mean)
+            if used + user + out > max_len:
+                break
+            users.append(user)
+            outs.append(out)
+            rows.append((t, used + user, out, len(chats), k))
+            used += user + out
+            t += rng.exponential(think_gaps) / rate
+        chats.append(Chat(system, tuple(users), tuple(outs)))
+        rows.sort()
+    rows = rows[:n]
+    return SharedPrefixTrace(tuple(TraceRequest(float(t), p, o) for t, p, o, _, _ in rows),
+                             SHARED_PREFIX, rate, int(seed), int(max_len), systems,
+                             tuple(chats), tuple((c, k) for *_, c, k in rows))

@@ -52,6 +52,9 @@ class Engine:
         kv_format: a quantised KV cache format (see ``paged_ref.QuantizedKV``), None for plain.
         reservation: ``"paged"`` (blocks on demand) or an Orca baseline that reserves up front:
             ``"reserve_max"``, ``"reserve_pow2"``, ``"reserve_oracle"`` (``policy.py``).
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"prefix"`` (longest cached prefix
+            first; one overtaken by ``max_overtakes`` later arrivals goes first:
+            ``policy.admission_order``).
         warmup: run :meth:`warmup` now, before any request (default: on a GPU, where Triton
             compiles; on a CPU the interpreter has nothing to compile).
 
@@ -67,7 +70,8 @@ class Engine:
                  max_model_len: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None,
                  kv_format: str | None = None, fused_backend: str = "auto",
-                 reservation: str = "paged", warmup: bool | None = None) -> None:
+                 reservation: str = "paged", scheduling_policy: str = "fcfs",
+                 max_overtakes: int = 8, warmup: bool | None = None) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -90,7 +94,8 @@ class Engine:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, reservation=reservation,
-                                   max_model_len=self.max_model_len)
+                                   max_model_len=self.max_model_len, max_overtakes=max_overtakes,
+                                   scheduling_policy=scheduling_policy)
         self.runner = ModelRunner(model, num_blocks, block_size,
                                   num_host_blocks=self.scheduler.num_host_blocks,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
@@ -155,7 +160,7 @@ class Engine:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
                     cache.apply_block_ops(out.block_ops)
-                sched.rollback()
+                sched.rollback(out)
             cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
             self._forget([r for r in self.requests.values() if r.status is Status.FINISHED])
             raise
@@ -238,14 +243,17 @@ class Engine:
                                f"{len(self.requests)} requests added with add_request first")
         checked = self._check_prompts(prompts, max_new_tokens)
         start = time.perf_counter()
-        reqs = {i: self.requests[self._add(p, SamplingParams(max_tokens=n, ignore_eos=ignore_eos),
-                                           start)] for i, (p, n) in enumerate(checked) if n}
-        index = {r.req_id: i for i, r in reqs.items()}
         self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
         total = sum(n for _, n in checked)
         show = total >= PROGRESS_MIN_TOKENS if progress is None else progress
         bar = tqdm(total=total, desc="generate", unit="tok", disable=not show, leave=False)
-        try:
+        reqs: dict[int, Request] = {}
+        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts queued)
+            for i, (p, n) in enumerate(checked):
+                if n:
+                    params = SamplingParams(max_tokens=n, ignore_eos=ignore_eos)
+                    reqs[i] = self.requests[self._add(p, params, start)]
+            index = {r.req_id: i for i, r in reqs.items()}
             while self.has_unfinished_requests():
                 self.step()
                 out, finished, new_tokens, seconds = self._last

@@ -6,6 +6,8 @@
   which running request gives its blocks up.
 * :func:`reserved_tokens` -- the PagedAttention paper's Orca baselines (§6.2): how many tokens'
   blocks a request holds from admission to finish when the engine reserves instead of paging.
+* :func:`admission_order` -- ``scheduling_policy="prefix"``: which waiting requests admission
+  tries first (SGLang's longest-prefix-first, with an aging bound).
 
 :class:`paged_ref.engine.scheduler.Scheduler` calls these (or the learner's versions, passed in
 as ``admit=`` / ``choose_victim=``). ``solutions/ex09_scheduler.py`` holds the first two.
@@ -19,6 +21,8 @@ from paged_ref.cache_math import blocks_needed
 
 #: ``Engine(reservation=...)``: paging, or reserve the maximum, a power of two, the truth.
 RESERVATIONS = ("paged", "reserve_max", "reserve_pow2", "reserve_oracle")
+#: ``Engine(scheduling_policy=...)``: admit in arrival order, or longest cached prefix first.
+SCHEDULING_POLICIES = ("fcfs", "prefix")
 
 
 def admit_count(waiting_lens: Sequence[int], free_blocks: int, block_size: int,
@@ -81,3 +85,25 @@ def reserved_tokens(policy: str, prompt_len: int, output_len: int, max_model_len
         return max_model_len
     out = 1 << (output_len - 1).bit_length() if policy == "reserve_pow2" else output_len
     return min(prompt_len + out, max_model_len)
+
+
+def admission_order(cached_tokens: Sequence[int], overtaken: Sequence[int],
+                    max_overtakes: int) -> list[int]:
+    """The order (indices into the waiting queue) in which admission tries waiting requests.
+
+    Args:
+        cached_tokens: per waiting request (queue order: arrival, preempted ones first), its
+            leading prompt tokens the prefix cache holds now.
+        overtaken: per waiting request, the later arrivals admitted while it waited.
+        max_overtakes: the aging bound (>= 0).
+
+    The *aged* (overtaken ``max_overtakes`` times) go first, in queue order: admission stops
+    at the first request that does not fit, so the oldest aged one gets the next free blocks.
+    The rest follow by cached tokens, most first (SGLang's longest-prefix-first: cheap to
+    admit, and admitting it keeps its prefix hot), ties in queue order.
+    """
+    def key(i: int) -> tuple[bool, int, int]:
+        aged = overtaken[i] >= max_overtakes
+        return (not aged, 0 if aged else -cached_tokens[i], i)
+
+    return sorted(range(len(cached_tokens)), key=key)

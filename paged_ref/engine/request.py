@@ -40,6 +40,8 @@ class Request:
     finish_reason: str | None = None  #: ``"stop"``, ``"length"`` or ``"abort"``
     num_preemptions: int = 0
     reserved: int = 0
+    overtaken: int = 0  #: later arrivals admitted while it waited (``admission_order``)
+    block_hashes: list[bytes] = field(default_factory=list)  #: its prompt's, as far as computed
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
     generator: torch.Generator | None = None  #: a seeded request's own
 

@@ -8,14 +8,17 @@ tokens generated so far are one long prompt again. Every step:
 1. **Running requests first**, oldest first: each gets ``min(tokens it still needs, budget
    left)`` tokens. When their slots need a block and none is free, a running request is
    preempted (:func:`~paged_ref.engine.policy.choose_victim`) and its blocks freed.
-2. **Then waiting requests**, first come first served, while seats, token budget and free
-   blocks last (:func:`~paged_ref.engine.policy.admit_count`); none in a step that preempted.
+2. **Then waiting requests**, first come first served (or, with ``scheduling_policy=
+   "prefix"``, longest cached prefix first: :func:`~paged_ref.engine.policy.admission_order`),
+   while seats, token budget and free blocks last (:func:`~paged_ref.engine.policy.
+   admit_count`); none in a step that preempted.
    With prefix caching a new request's leading full blocks may be cached: it computes the rest.
 
 Slots are taken when a chunk is scheduled (``append_slot`` with the token id, which feeds the
 prefix cache's hash) and the chunk is computed in the same step; if the step fails instead,
-:meth:`Scheduler.rollback` aborts every request whose blocks run ahead of its computed tokens
-(``free_sequence(num_computed=...)``: no hash is left over K/V never written).
+:meth:`Scheduler.rollback` aborts every request the step scheduled, and any whose blocks run ahead
+of its computed tokens (``free_sequence(num_computed=...)``: no hash is left over K/V never
+written).
 
 ``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
 ``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paged_ref.cache_math import blocks_needed
+from paged_ref.engine import policy
 from paged_ref.engine.policy import RESERVATIONS, admit_count, choose_victim, reserved_tokens
 from paged_ref.engine.request import Request, Status
 from paged_ref.memory.allocator import OutOfBlocksError, check_int
@@ -83,6 +87,8 @@ class Scheduler:
         admit, choose_victim: the policy functions (see :mod:`paged_ref.engine.policy`).
         reservation: one of :data:`~paged_ref.engine.policy.RESERVATIONS`.
         max_model_len: the longest request (what ``"reserve_max"`` reserves); default the pool.
+        scheduling_policy, max_overtakes: ``"fcfs"`` or ``"prefix"`` (with its aging bound),
+            see :func:`~paged_ref.engine.policy.admission_order`.
 
     Raises:
         TypeError / ValueError: an argument of the wrong type or out of range.
@@ -92,9 +98,12 @@ class Scheduler:
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  preemption_mode: str = "recompute", admit: Callable = admit_count,
                  choose_victim: Callable = choose_victim, reservation: str = "paged",
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, scheduling_policy: str = "fcfs",
+                 max_overtakes: int = 8) -> None:
         for name, value, allowed in (("preemption_mode", preemption_mode, PREEMPTION_MODES),
-                                     ("reservation", reservation, RESERVATIONS)):
+                                     ("reservation", reservation, RESERVATIONS),
+                                     ("scheduling_policy", scheduling_policy,
+                                      policy.SCHEDULING_POLICIES)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if preemption_mode == "swap" and not enable_prefix_caching:
@@ -105,6 +114,8 @@ class Scheduler:
         self.max_num_batched_tokens = check_int("max_num_batched_tokens",
                                                 max_num_batched_tokens, minimum=1)
         self.preemption_mode, self.reservation = preemption_mode, reservation
+        self.scheduling_policy = scheduling_policy
+        self.max_overtakes = check_int("max_overtakes", max_overtakes)
         self.num_host_blocks = num_blocks if preemption_mode == "swap" else 0
         self.manager = KVCacheManager(num_blocks, block_size,
                                       enable_prefix_caching=enable_prefix_caching,
@@ -180,10 +191,16 @@ class Scheduler:
         elif req.status is Status.RUNNING:
             self._finish(req, "abort", num_computed=req.num_computed)
 
-    def rollback(self) -> list[Request]:
+    def rollback(self, out: SchedulerOutput | None = None) -> list[Request]:
         """After a failed step: abort (and return) the running requests whose blocks run ahead
-        of their computed tokens, the ones the step scheduled. The others are as before."""
-        stale = [r for r in self.running if self.manager.seq_len(r.req_id) != r.num_computed]
+        of their computed tokens, and, given the step's ``out``, every other request it
+        scheduled (an :meth:`update` that failed half-way recorded some chunks: those requests
+        hold a token their caller never got). The others are as before."""
+        # NOTE: a chunk recorded by a half-done update has its K/V written (num_computed ==
+        # seq_len): aborting it keeps its hashes, but it must not run on a token ahead.
+        scheduled = {id(c.request) for c in out.chunks} if out is not None else set()
+        stale = [r for r in self.running if id(r) in scheduled
+                 or self.manager.seq_len(r.req_id) != r.num_computed]
         for r in stale:
             self.abort(r)
         return stale
@@ -217,7 +234,11 @@ class Scheduler:
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
         m, seats = self.manager, self.max_num_seqs - len(self.running)
-        heads = [self.waiting[j] for j in range(min(seats, len(self.waiting)))]
+        order = range(len(self.waiting)) if self.scheduling_policy == "fcfs" else (
+            policy.admission_order([m.num_cached_tokens(r.prompt, r.block_hashes) for r in
+                                    self.waiting], [r.overtaken for r in self.waiting],
+                                   self.max_overtakes))
+        heads = [self.waiting[j] for j in order[:seats]]
         count = self.admit([r.num_tokens for r in heads], m.num_free_blocks, self.block_size,
                            budget, seats)
         for req in heads[:count]:
@@ -231,7 +252,7 @@ class Scheduler:
                 cached = m.add_sequence(req.req_id, token_ids=req.tokens[:end])
             except OutOfBlocksError:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.status, req.num_computed = Status.RUNNING, cached
             self.running.append(req)
             self._reserve(req, max(0, hold - len(m.block_table(req.req_id))))
@@ -239,6 +260,9 @@ class Scheduler:
             out.cached_tokens += cached
             out.chunks.append(Chunk(req, cached, end - cached))
             budget -= end - cached
+        if self.scheduling_policy == "prefix" and out.admitted:  # (the aging bound's count)
+            for r in self.waiting:
+                r.overtaken += sum(a.req_id > r.req_id for a in out.admitted)
 
     def _finish(self, req: Request, reason: str, num_computed: int | None = None) -> None:
         self.manager.free_sequence(req.req_id, num_computed=num_computed)

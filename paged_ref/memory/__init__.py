@@ -12,6 +12,7 @@ One module a job, from the pool up (vLLM v1 keeps the same rooms: ``FreeKVCacheB
 * :mod:`.tables` -- one block table per sequence and what attention reads from them;
 * :mod:`.manager` -- :class:`KVCacheManager`: sequences start, grow, fork (copy-on-write) and
   end against the pool; the block moves each step owes;
-* :mod:`.host_tier` -- where evicted cached blocks spill; :mod:`.stats` -- ``CacheStats``;
+* :mod:`.host_tier` -- where evicted cached blocks spill, and the moves each step owes;
+  :mod:`.disk_tier` -- the file below it (``DiskTier``); :mod:`.stats` -- ``CacheStats``;
 * :mod:`.storage` -- :class:`PagedKVCache`, the K/V tensors the tables point into.
 """

@@ -25,6 +25,7 @@ dict from hash to block and back.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable
 from numbers import Integral
 
@@ -216,6 +217,12 @@ class BlockAllocator:
     def cached_block(self, block_hash: Hashable) -> int | None:
         """The block cached under ``block_hash``, or None."""
         return self._block_of.get(block_hash)
+
+    def cached_run(self, hashes: list[Hashable]) -> int:
+        """How many of ``hashes``, from the first, have a cached block (all of them in a row).
+        Read only. NOTE: ``takewhile`` over the dict's ``__contains__`` runs in C: the
+        scheduler asks this of every waiting prompt every step."""
+        return len(list(itertools.takewhile(self._block_of.__contains__, hashes)))
 
     def block_hash(self, block_id: int) -> Hashable | None:
         """The hash ``block_id`` is cached under, or None."""

@@ -41,11 +41,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import NamedTuple
 
 from paged_ref.cache_math import blocks_needed, token_slot
-from paged_ref.memory.allocator import OutOfBlocksError, check_int
-from paged_ref.memory.host_tier import HostTier
+from paged_ref.memory.allocator import check_int
+from paged_ref.memory.host_tier import BlockOps, HostTier, tier_counts
 from paged_ref.memory.prefix_cache import (
     MAX_TOKEN_ID,
     CachedBlock,
@@ -62,15 +61,6 @@ __all__ = ["MAX_TOKEN_ID", "BlockOps", "CacheStats", "CachedBlock", "KVCacheMana
            "blocks_needed", "hash_block_tokens"]
 
 
-class BlockOps(NamedTuple):
-    """Block moves a step owes, in the order to perform them (before writing any K/V):
-    ``PagedKVCache.apply_block_ops(ops)`` runs them."""
-
-    swap_out: list[tuple[int, int]]  #: (device block, host slot): spill evicted cached blocks
-    swap_in: list[tuple[int, int]]  #: (host slot, device block): bring host hits back
-    copies: list[tuple[int, int]]  #: (src, dst) device blocks: copy-on-write
-
-
 class KVCacheManager(BlockTables):
     """Block tables for many sequences that share one pool of blocks.
 
@@ -82,13 +72,17 @@ class KVCacheManager(BlockTables):
         num_host_blocks: size of a host tier (prefix caching only; 0 = none): an evicted
             cached block is spilled there and a later hit copies it back instead of
             recomputing it. The caller then runs :meth:`take_block_ops` each step.
+        disk_tier: a :class:`~paged_ref.memory.disk_tier.DiskTier` under the host tier (needs
+            ``num_host_blocks > 0``; None = none): the host tier's oldest block moves there
+            instead of being dropped, and a hit reads it back (:meth:`prefetch` starts that
+            early). Give the same one to the ``PagedKVCache``; the caller closes it.
 
     ``seq_id`` may be any hashable value (an int or a str in the lessons).
     """
 
     def __init__(
         self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-        num_host_blocks: int = 0,
+        num_host_blocks: int = 0, disk_tier=None,
     ) -> None:
         if not isinstance(enable_prefix_caching, bool):
             raise TypeError(
@@ -96,11 +90,13 @@ class KVCacheManager(BlockTables):
             )
         if check_int("num_host_blocks", num_host_blocks) and not enable_prefix_caching:
             raise ValueError("num_host_blocks > 0 needs enable_prefix_caching=True")
-        self._host = HostTier(num_host_blocks) if num_host_blocks else None
-        self._swap_out: list[tuple[int, int]] = []
-        self._swap_in: list[tuple[int, int]] = []
+        if disk_tier is not None and not num_host_blocks:
+            raise ValueError("disk_tier sits under the host tier: it needs num_host_blocks > 0")
+        self._host = HostTier(num_host_blocks, disk_tier) if num_host_blocks else None
         super().__init__(num_blocks, block_size, on_evict=self._on_evict)
         self._prefix = PrefixCache(self._allocator)
+        if self._host is not None:  # a block is in one tier: caching it drops lower copies
+            self._prefix.on_cache = self._host.discard
         # NOTE: free_sequence drops a freed writer's owed copy by this name (one uncache, the
         # prefix cache's, which keeps its index and the allocator's map in step).
         self._uncache = self._prefix.uncache
@@ -129,7 +125,8 @@ class KVCacheManager(BlockTables):
         but always leaving at least one token to compute (so a hit is at most
         ``(len(token_ids) - 1) // block_size`` blocks). Blocks for the rest are fresh; the
         full ones are registered in the prefix cache at once (write their K/V this step, or
-        free the sequence with ``num_computed``).
+        free the sequence with ``num_computed``). Hit blocks on the disk tier are read here
+        (or their :meth:`prefetch` waited for); the hit stops before one that cannot be read.
 
         Returns:
             How many leading tokens are already cached (their K/V need not be computed): a
@@ -141,7 +138,8 @@ class KVCacheManager(BlockTables):
                 is empty, holds a negative id, or disagrees with ``num_tokens``.
             TypeError: ``seq_id`` is not hashable, neither length nor tokens given, or a
                 length / token id is not an int.
-            OutOfBlocksError: too few free blocks; no block is taken.
+            OutOfBlocksError: too few free blocks; no block is taken, nothing read (only a
+                disk block that could not be read is dropped).
         """
         self._check_new_id("seq_id", seq_id)
         num_tokens, tokens = check_prompt(num_tokens, token_ids)
@@ -152,26 +150,27 @@ class KVCacheManager(BlockTables):
             tokens = []  # every token id is known (there are none yet)
         hashes = prefix.chain(tokens)
         hit = prefix.lookup(hashes[: (num_tokens - 1) // bs], self._host) if tokens else []
-        shared = [b for b in hit if b is not None]  # on the device; None = on the host
-        fresh = blocks_needed(num_tokens, bs) - len(shared)
-        available = self.num_free_blocks - sum(self._allocator.is_evictable(b) for b in shared)
-        if fresh > available:
-            cached = f" ({len(hit) * bs} cached)" if hit else ""
-            raise OutOfBlocksError(
-                f"sequence {seq_id!r} needs {fresh} blocks for {num_tokens} tokens{cached} "
-                f"but only {available} of {self.num_blocks} are free"
-            )
+        shared, fresh = self._check_fit(seq_id, num_tokens, hit)  # before any read or change
+        if self._host is not None and None in hit:  # read the disk hits now (cut at a bad one)
+            loaded = self._host.load(hashes, hit)
+            if len(loaded) < len(hit):
+                hit = loaded
+                shared, fresh = self._check_fit(seq_id, num_tokens, hit)
         for block_id in shared:
             self._allocator.add_ref(block_id)  # revives an evictable block first
-        from_host = {j: self._host.take(hashes[j]) for j, b in enumerate(hit) if b is None}
+        # NOTE: take the hits out of the host / disk tiers before allocating: the allocations
+        # evict, and the spills they cause must not push a hit off its tier.
+        back = {j: self._host.take(hashes[j]) for j, b in enumerate(hit) if b is None}
         table = [self._allocator.allocate() if b is None else b for b in hit]
-        table += [self._allocator.allocate() for _ in range(fresh - len(from_host))]
-        for j, slot in from_host.items():
-            self._swap_in.append((slot, table[j]))
+        table += [self._allocator.allocate() for _ in range(fresh - len(back))]
+        for j, source in back.items():
+            self._host.copy_back(source, table[j])
         self._tables[seq_id] = table
         self._lens[seq_id] = num_tokens
         if self._prefix_caching:
-            prefix.admit(seq_id, tokens, hashes, table, hit, counted=token_ids is not None)
+            from_disk = sum(not isinstance(source, int) for source in back.values())
+            prefix.admit(seq_id, tokens, hashes, table, hit, counted=token_ids is not None,
+                         from_disk=from_disk)
         return len(hit) * bs
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -241,25 +240,7 @@ class KVCacheManager(BlockTables):
             OutOfBlocksError: the step needs more new blocks (boundaries + copy-on-writes)
                 than are free; nothing changes.
         """
-        seq_ids = list(seq_ids)
-        for seq_id in seq_ids:
-            self._table(seq_id)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids repeats an id: {seq_ids!r}")
-        if token_ids is None:
-            token_ids = [None] * len(seq_ids)
-        else:
-            token_ids = check_tokens(token_ids)
-            if len(token_ids) != len(seq_ids):
-                raise ValueError(
-                    f"token_ids has {len(token_ids)} ids for {len(seq_ids)} sequences"
-                )
-        needed = self._blocks_for_step(seq_ids, self.ref_count)
-        if needed > self.num_free_blocks:
-            raise OutOfBlocksError(
-                f"this step needs {needed} new blocks but only {self.num_free_blocks} "
-                f"of {self.num_blocks} are free"
-            )
+        seq_ids, token_ids = self._check_step(seq_ids, token_ids, self.ref_count)
         return [self.append_slot(s, t) for s, t in zip(seq_ids, token_ids, strict=True)]
 
     def free_sequence(self, seq_id: Hashable, *, num_computed: int | None = None) -> None:
@@ -307,7 +288,7 @@ class KVCacheManager(BlockTables):
         for _, dst in set(self._copies) - set(owed):
             self._uncache(dst)
         keep = {s for s, _ in owed if not held_after(s)}  # last holder leaving, copy owed
-        keep |= {d for _, d in self._swap_in if not held_after(d)}  # host copy-back owed
+        keep |= {d for d in self._owed_targets() if not held_after(d)}  # copy back owed
         for block_id in reversed(table):
             if block_id in keep:  # this hold becomes the manager's until the move is taken
                 keep.discard(block_id)
@@ -326,22 +307,35 @@ class KVCacheManager(BlockTables):
         K/V (the writer's new token goes into ``dst`` after its old contents arrive). Sources
         kept only for these copies (their last holder was freed) are released now.
         """
-        if self._swap_out or self._swap_in:
+        if self._host is not None and self._host.has_moves():
             raise RuntimeError("host-tier moves are pending: call take_block_ops() instead")
         copies, self._copies = self._copies, []
         self._release_pinned()
         return copies
 
     def take_block_ops(self) -> BlockOps:
-        """Every block move owed since the last call: spills to the host, copies back from
-        it, copy-on-writes. Run them with ``PagedKVCache.apply_block_ops(ops)``, in that
-        order, before this step writes any K/V (with a host tier, call this every step)."""
-        ops = BlockOps(self._swap_out, self._swap_in, self._copies)
-        self._swap_out, self._swap_in, self._copies = [], [], []
+        """Every block move owed since the last call (:class:`BlockOps`: spills to the host
+        and the disk, copies back from them, copy-on-writes). Run them with
+        ``PagedKVCache.apply_block_ops(ops)`` before this step writes any K/V (with a host
+        tier, call this every step)."""
+        ops = (BlockOps([], [], self._copies, [], [], []) if self._host is None
+               else self._host.take_moves(self._copies))
+        self._copies = []
         self._release_pinned()
-        if self._host is not None:
-            self._host.release_reserved()
         return ops
+
+    def prefetch(self, token_ids) -> int:
+        """Start reading (on the disk tier's threads) the blocks of ``token_ids``' cached prefix
+        that are on the disk, so that :meth:`add_sequence` of it later waits only for what is
+        left: call it a step or more ahead, for the next waiting request. No hit is counted,
+        no block held. Returns how many reads started (0 without a disk tier). Raises
+        ``TypeError`` / ``ValueError`` if ``token_ids`` is not a list of token ids."""
+        tokens = check_tokens(token_ids)
+        if self._host is None or not tokens:
+            return 0
+        hashes = self._prefix.chain(tokens)[: (len(tokens) - 1) // self.block_size]
+        hit = self._prefix.lookup(hashes, self._host)
+        return self._host.prefetch([h for h, b in zip(hashes, hit, strict=False) if b is None])
 
     def ref_count(self, block_id: int) -> int:
         """How many sequences hold ``block_id`` (0 if none: free, evictable, or only kept
@@ -352,10 +346,7 @@ class KVCacheManager(BlockTables):
 
     def stats(self) -> CacheStats:
         """Blocks used, free and shared, tokens stored, empty slots, prefix-cache hits."""
-        p = self._prefix
-        return measure(self, self.ref_count, prefix_hit_tokens=p.hit_tokens,
-                       prefix_miss_tokens=p.miss_tokens, prefix_host_hit_tokens=p.host_hit_tokens,
-                       blocks_on_host=0 if self._host is None else len(self._host))
+        return measure(self, self.ref_count, **self._prefix.counts(), **tier_counts(self._host))
 
     def cached_blocks(self) -> list[CachedBlock]:
         """The prefix cache's entries (held or evictable), oldest registration first."""
@@ -373,10 +364,20 @@ class KVCacheManager(BlockTables):
             TypeError, ValueError: ``token_ids`` is not a list of token ids.
         """
         tokens = check_tokens(token_ids)
-        owed = {d for _, d in self._swap_in + self._copies}
+        owed = self._owed_targets()
         return self._prefix.in_place(tokens, owed) if self._prefix_caching else []
 
+    def num_cached_tokens(self, token_ids: list[int], hashes: list[bytes] | None = None) -> int:
+        """Leading tokens of ``token_ids`` (ints, unchecked) ``add_sequence`` would share now (0
+        without prefix caching); read only. ``hashes``: a memo (``PrefixCache.cached_tokens``)."""
+        return self._prefix.cached_tokens(token_ids, self._host, hashes)  # (none cached if off)
+
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _owed_targets(self) -> set[int]:
+        """Device blocks that owed moves will fill: copies back from the tiers, copy-on-writes."""
+        owed = {d for _, d in self._copies}
+        return owed if self._host is None else owed | self._host.owed_targets()
 
     def _release_pinned(self) -> None:
         """The owed moves were handed out: let go of the blocks kept for them."""
@@ -389,11 +390,9 @@ class KVCacheManager(BlockTables):
         tier if there is one."""
         self._prefix.evicted(block_hash)
         if self._host is not None:
-            self._swap_out = self._host.spill(block_id, block_hash, self._swap_out)
+            self._host.spill(block_id, block_hash)
 
     def __repr__(self) -> str:
-        return (
-            f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks}, "
-            f"prefix_caching={self._prefix_caching})"
-        )
+        return (f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks}, "
+                f"prefix_caching={self._prefix_caching})")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -113,6 +113,10 @@ class PrefixCache:
         self.hit_tokens = 0
         self.miss_tokens = 0
         self.host_hit_tokens = 0
+        self.disk_hit_tokens = 0
+        #: called as ``on_cache(block_hash)`` when a block is registered (the manager drops any
+        #: copy of that hash in the host / disk tiers: a block lives in one tier)
+        self.on_cache: Callable[[bytes], None] | None = None
 
     def chain(self, tokens: list[int] | None) -> list[bytes]:
         """Hashes of the full blocks of ``tokens``, each chained to the one before."""
@@ -125,7 +129,8 @@ class PrefixCache:
 
     def lookup(self, hashes: list[bytes], host=None) -> list[int | None]:
         """The longest run of ``hashes`` (from the first) that are all cached: per block, its
-        device block id, or None where it sits in the host tier ``host`` (a ``HostTier``)."""
+        device block id, or None where it sits in the tiers below, ``host`` (a ``HostTier``,
+        whose disk tier counts: its written blocks)."""
         blocks: list[int | None] = []
         for block_hash in hashes:
             block_id = self.allocator.cached_block(block_hash)
@@ -133,6 +138,33 @@ class PrefixCache:
                 break
             blocks.append(block_id)
         return blocks
+
+    def cached_tokens(self, tokens: list[int], host=None, hashes: list[bytes] | None = None
+                      ) -> int:
+        """How many leading tokens of ``tokens`` ``add_sequence`` would find cached now, in
+        this pool or the host tier ``host``: whole blocks, at most ``(len(tokens) - 1) //
+        block_size`` of them. Changes nothing (no hit counted, no block held or revived).
+
+        ``hashes``: a memo the caller keeps for one prompt (start it empty): the hashes of its
+        leading full blocks computed so far, extended here as needed. ``tokens`` may grow
+        between calls, never change what the memo covers.
+
+        NOTE: hashes lazily, up to the first miss: the scheduler asks this of every waiting
+        request every step, and with the memo a repeat costs one C-level scan of it.
+        """
+        bs, n = self.block_size, 0
+        limit = (len(tokens) - 1) // bs if tokens else 0
+        hashes = [] if hashes is None else hashes
+        while n < limit:
+            if n == len(hashes):
+                hashes.append(hash_block_tokens(hashes[-1] if n else None,
+                                                tokens[n * bs:(n + 1) * bs]))
+            run = (self.allocator.cached_run(hashes[n:limit]) if host is None
+                   else len(self.lookup(hashes[n:limit], host)))
+            if not run:
+                break
+            n += run
+        return n * bs
 
     def in_place(self, tokens: list[int], owed: set[int]) -> list[int]:
         """The device blocks of the longest cached chain of ``tokens``' full blocks, up to the
@@ -145,12 +177,14 @@ class PrefixCache:
         return blocks
 
     def admit(self, seq_id: Hashable, tokens: list[int] | None, hashes: list[bytes],
-              table: list[int], hit: list[int | None], *, counted: bool) -> None:
+              table: list[int], hit: list[int | None], *, counted: bool,
+              from_disk: int = 0) -> None:
         """Track a new sequence (``add_sequence``): its token ids (None: not all known), the
         hashes of its full blocks and its ``table``, whose first ``len(hit)`` blocks were a
-        hit (None where the block comes back from the host tier). Register its fresh full
-        blocks (its own) and those back from the host (hits: written before); ``counted``:
-        the prompt's tokens were given, so the lookup counts in the hit / miss stats."""
+        hit (None where the block comes back from the host tier or, ``from_disk`` of them, the
+        disk tier). Register its fresh full blocks (its own) and those coming back (hits:
+        written before); ``counted``: the prompt's tokens were given, so the lookup counts in
+        the hit / miss stats."""
         self.tokens[seq_id] = tokens
         self.hashes[seq_id] = hashes
         self.own[seq_id] = {}
@@ -160,7 +194,8 @@ class PrefixCache:
         if counted:
             bs = self.block_size
             self.hit_tokens += len(hit) * bs
-            self.host_hit_tokens += hit.count(None) * bs
+            self.host_hit_tokens += (hit.count(None) - from_disk) * bs
+            self.disk_hit_tokens += from_disk * bs
             self.miss_tokens += len(tokens) - len(hit) * bs
 
     def register(self, seq_id: Hashable, table: list[int], j: int, *, own: bool = True) -> None:
@@ -177,6 +212,8 @@ class PrefixCache:
                                      tuple(tokens[j * bs:(j + 1) * bs]))
             if own:
                 self.own[seq_id][j] = block_hash
+            if self.on_cache is not None:
+                self.on_cache(block_hash)
 
     def record_token(self, seq_id: Hashable, token_id: int | None, table: list[int]) -> None:
         """After an append to ``seq_id`` (blocks ``table``): extend its token ids; cache the
@@ -234,6 +271,12 @@ class PrefixCache:
     def restore(self, block_hash: bytes, info: BlockInfo) -> None:
         """``block_hash`` comes back from the host tier with what it held."""
         self.info[block_hash] = info
+
+    def counts(self) -> dict[str, int]:
+        """The hit / miss counters, as ``CacheStats`` names them."""
+        return {"prefix_hit_tokens": self.hit_tokens, "prefix_miss_tokens": self.miss_tokens,
+                "prefix_host_hit_tokens": self.host_hit_tokens,
+                "prefix_disk_hit_tokens": self.disk_hit_tokens}
 
     def entries(self, ref_count) -> list[CachedBlock]:
         """Every cached entry, oldest registration first; ``ref_count(block_id)`` gives the

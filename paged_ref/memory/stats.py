@@ -27,6 +27,12 @@ class CacheStats:
     prefix_miss_tokens: int = 0  #: prompt tokens that had to be computed, over all lookups
     prefix_host_hit_tokens: int = 0  #: of the hits, tokens copied back from the host tier
     blocks_on_host: int = 0  #: evicted cached blocks kept in the host tier
+    prefix_disk_hit_tokens: int = 0  #: of the hits, tokens read back from the disk tier
+    blocks_on_disk: int = 0  #: evicted cached blocks kept in the disk tier
+    disk_bytes_read: int = 0  #: bytes read back from the disk tier's file, over all reads
+    disk_bytes_written: int = 0  #: bytes written to it, over all spills
+    disk_read_errors: int = 0  #: disk reads that failed (their blocks dropped, recomputed)
+    disk_write_errors: int = 0  #: disk writes that failed (their blocks dropped)
 
     @property
     def slots_used(self) -> int:
@@ -46,6 +52,11 @@ class CacheStats:
         """Share of looked-up prompt tokens served by the prefix cache (0.0 before any)."""
         total = self.prefix_hit_tokens + self.prefix_miss_tokens
         return 0.0 if total == 0 else self.prefix_hit_tokens / total
+
+    @property
+    def prefix_device_hit_tokens(self) -> int:
+        """Of the hits, tokens found on the device (shared, no copy)."""
+        return self.prefix_hit_tokens - self.prefix_host_hit_tokens - self.prefix_disk_hit_tokens
 
 
 def measure(tables: BlockTables, ref_count: Callable[[int], int], **counts: int) -> CacheStats:

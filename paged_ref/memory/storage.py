@@ -48,6 +48,9 @@ class PagedKVCache:
             ``host_kv``, ``[num_host_blocks, 2, num_layers, block_size, Hkv, D]`` in CPU memory
             (each host block one contiguous piece: K and V of all layers), pinned when CUDA is
             available, so each block crosses PCIe as one direct copy.
+        disk_tier: the :class:`~paged_ref.memory.disk_tier.DiskTier` under the host tier (the
+            manager's; needs ``num_host_blocks > 0``, its ``block_shape`` and ``dtype`` this
+            cache's): :meth:`apply_block_ops` writes the blocks moved down into its file.
 
     The tensors start as zeros, so a slot never written reads as 0 (deterministic, easy to
     draw). Tests and lessons write fresh random K/V before reading anything.
@@ -68,6 +71,7 @@ class PagedKVCache:
         kv_format: str | KVFormat | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        disk_tier=None,
     ) -> None:
         num_layers = self.num_layers = check_int("num_layers", num_layers, minimum=1)
         num_blocks = self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
@@ -98,6 +102,12 @@ class PagedKVCache:
         self.host_kv = torch.zeros(
             (self.num_host_blocks, 2, num_layers, block_size, num_kv_heads, head_dim),
             dtype=dtype, pin_memory=torch.cuda.is_available() and self.num_host_blocks > 0)
+        host_block = tuple(self.host_kv.shape[1:])
+        if disk_tier is not None and not (self.num_host_blocks and disk_tier.dtype == dtype
+                                          and disk_tier.block_shape == host_block):
+            raise ValueError(f"disk_tier must hold this cache's host blocks (num_host_blocks > 0, "
+                             f"block_shape {host_block}, dtype {dtype}), got {disk_tier!r}")
+        self.disk_tier = disk_tier
 
     @property
     def num_slots(self) -> int:
@@ -223,12 +233,48 @@ class PagedKVCache:
         """Copy host slot ``src`` to device block ``dst`` for each ``(src, dst)``, every layer's
         K and V (a prefix-cache hit in the host tier). Same checks as :meth:`copy_blocks`."""
         src, dst = self._pairs(pairs, self.num_host_blocks, self.num_blocks)
-        if src:  # one contiguous copy per block into a staging buffer, then one scatter
-            staged = torch.empty((len(src), *self.host_kv.shape[1:]), dtype=self.dtype,
+        self._scatter_in([self.host_kv[slot] for slot in src], dst)
+
+    def swap_in_blocks(self, pairs) -> None:
+        """Copy ``block`` into device block ``dst`` for each ``(block, dst)``, every layer's K
+        and V: ``block`` is a CPU tensor ``[2, num_layers, block_size, Hkv, D]`` of this
+        cache's dtype (a prefix-cache hit read back from the disk tier). Checks ``dst`` as
+        :meth:`copy_blocks` does, and each block's shape and dtype (ValueError)."""
+        blocks = [b for b, _ in pairs]
+        # (the indices stand in for the sources: only the destinations are checked here)
+        _, dst = self._pairs([(i, d) for i, (_, d) in enumerate(pairs)], len(pairs),
+                             self.num_blocks)
+        for i, b in enumerate(blocks):
+            if tuple(b.shape) != tuple(self.host_kv.shape[1:]) or b.dtype != self.dtype:
+                raise ValueError(f"pairs[{i}] block must be {tuple(self.host_kv.shape[1:])} of "
+                                 f"{self.dtype}, got {tuple(b.shape)} of {b.dtype}")
+        self._scatter_in(blocks, dst)
+
+    def _scatter_in(self, blocks: list[torch.Tensor], dst: list[int]) -> None:
+        """Host blocks ``[2, num_layers, block_size, Hkv, D]`` into device blocks ``dst``: one
+        contiguous copy per block into a staging buffer, then one scatter."""
+        if blocks:
+            staged = torch.empty((len(blocks), *self.host_kv.shape[1:]), dtype=self.dtype,
                                  device=self.device)
-            for i, slot in enumerate(src):
-                staged[i].copy_(self.host_kv[slot], non_blocking=True)
+            for i, block in enumerate(blocks):
+                staged[i].copy_(block, non_blocking=True)
             self.kv[:, :, self._index(dst)] = staged.permute(1, 2, 0, 3, 4, 5)
+
+    def _disk_moves(self, ops) -> None:
+        """The disk tier's writes of ``ops`` (host slot -> disk slot, device block -> disk
+        slot), before the other moves overwrite their sources; a failed write drops its hash
+        (:meth:`DiskTier.write`)."""
+        to_disk, device_to_disk = ops.to_disk, ops.device_to_disk
+        if (to_disk or device_to_disk or ops.from_disk) and self.disk_tier is None:
+            raise ValueError("ops move blocks to or from a disk tier but this cache has none "
+                             "(PagedKVCache(..., disk_tier=...))")
+        for slot, disk_slot in to_disk:
+            self.disk_tier.write(disk_slot, self.host_kv[slot])
+        if device_to_disk:  # one gather on the device, one copy to the host, then the writes
+            blocks, disk_slots = zip(*device_to_disk, strict=True)
+            staged = self.kv[:, :, self._index(list(blocks))].permute(2, 0, 1, 3, 4, 5)
+            for disk_slot, block in zip(disk_slots, staged.contiguous().cpu(), strict=True):
+                self.disk_tier.write(disk_slot, block)
 
     # ---- quantised storage ------------------------------------------------------------------
 
@@ -263,10 +309,12 @@ class PagedKVCache:
         return cache.flatten(0, 1)[slots]
 
     def apply_block_ops(self, ops) -> None:
-        """Run what ``KVCacheManager.take_block_ops()`` returned: spills to the host, copies
-        back from it, then copy-on-writes (that order: a spilled block may be reused as the
-        destination of the others)."""
+        """Run what ``KVCacheManager.take_block_ops()`` returned: writes to the disk tier,
+        spills to the host, copies back from the disk and the host, then copy-on-writes (that
+        order: a block moved down may be reused as the destination of the others)."""
+        self._disk_moves(ops)
         self.swap_out(ops.swap_out)
+        self.swap_in_blocks(ops.from_disk)
         self.swap_in(ops.swap_in)
         self.copy_blocks(ops.copies)
 

@@ -17,8 +17,9 @@ from collections.abc import Callable, Hashable, Iterable
 
 import torch
 
-from paged_ref.cache_math import token_slots
-from paged_ref.memory.allocator import BlockAllocator, check_int
+from paged_ref.cache_math import blocks_needed, token_slots
+from paged_ref.memory.allocator import BlockAllocator, OutOfBlocksError, check_int
+from paged_ref.memory.prefix_cache import check_tokens
 
 
 class BlockTables:
@@ -132,6 +133,46 @@ class BlockTables:
             ) from None
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already exists")
+
+    def _check_fit(self, seq_id: Hashable, num_tokens: int,
+                   hit: list[int | None]) -> tuple[list[int], int]:
+        """A new sequence of ``num_tokens`` whose prefix-cache hit is ``hit`` (device blocks, or
+        None: back from a tier below): ``(the device blocks it shares, the fresh blocks it
+        takes)``; ``OutOfBlocksError`` if those are not free (an evictable hit is not free)."""
+        shared = [b for b in hit if b is not None]
+        fresh = blocks_needed(num_tokens, self.block_size) - len(shared)
+        available = self.num_free_blocks - sum(self._allocator.is_evictable(b) for b in shared)
+        if fresh > available:
+            cached = f" ({len(hit) * self.block_size} cached)" if hit else ""
+            raise OutOfBlocksError(
+                f"sequence {seq_id!r} needs {fresh} blocks for {num_tokens} tokens{cached} "
+                f"but only {available} of {self.num_blocks} are free")
+        return shared, fresh
+
+    def _check_step(self, seq_ids: Iterable[Hashable], token_ids,
+                    ref_count: Callable[[int], int]) -> tuple[list[Hashable], list]:
+        """``append_slots``' arguments, checked: ``(seq_ids, token_ids)`` as lists (one token id
+        or None per sequence). ``ValueError`` for an unknown or repeated id or ``token_ids`` of
+        another length, ``OutOfBlocksError`` when the step needs more new blocks than are free
+        (``ref_count(block)``: how many sequences hold a block)."""
+        seq_ids = list(seq_ids)
+        for seq_id in seq_ids:
+            self._table(seq_id)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids repeats an id: {seq_ids!r}")
+        if token_ids is None:
+            token_ids = [None] * len(seq_ids)
+        else:
+            token_ids = check_tokens(token_ids)
+            if len(token_ids) != len(seq_ids):
+                raise ValueError(
+                    f"token_ids has {len(token_ids)} ids for {len(seq_ids)} sequences")
+        needed = self._blocks_for_step(seq_ids, ref_count)
+        if needed > self.num_free_blocks:
+            raise OutOfBlocksError(
+                f"this step needs {needed} new blocks but only {self.num_free_blocks} "
+                f"of {self.num_blocks} are free")
+        return seq_ids, token_ids
 
     def _blocks_for_step(self, seq_ids: list[Hashable], ref_count: Callable[[int], int]) -> int:
         """New blocks one decode step of ``seq_ids`` takes: one per sequence at a block

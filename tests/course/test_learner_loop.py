@@ -150,6 +150,21 @@ def test_yours_lines_wait_for_a_passed_check(root):
     assert "2.4 (failed in its last check)" in out
 
 
+def test_waiting_exercises_are_named_once_per_reason(root):
+    """However many exercises a comparison waits for, one line: those waiting for the same
+    reason are listed together, in the words a learner reads (not the verdict's "todo")."""
+    write_exercise(root, EX02, solved={"2.1", "2.2"})
+    out = run(root, """
+        import paged_course as course
+        course.check("ex02_block_allocator", keyword="2_1")
+        course.check("ex02_block_allocator", keyword="2_3 or 2_4")
+        print(course.passed("ex02_block_allocator", "2.1", "2.3", "2.4", "2.5"))
+    """)
+    assert out.splitlines()[-2:] == [
+        "ex02: not compared with paged_ref yet; waiting for 2.3, 2.4 (not implemented yet in "
+        "their last checks); 2.5 (not checked yet: run its check cell)", "False"], out
+
+
 @pytest.mark.parametrize("solved, keyword, passed", [
     ({"7.1", "7.2", "7.3"}, "7_1 or 7_2 or 7_3", 7),
     ({"7.1", "7.2", "7.3", "7.4"}, "7_4", 8),

@@ -120,6 +120,8 @@ PLANTED_CONFIG = {
     "a float max_num_seqs accepted": (scheduler_module, [(
         'self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, minimum=1)',
         "self.max_num_seqs = max_num_seqs")]),
+    "a float max_num_batched_tokens accepted": (scheduler_module, [(
+        'check_int("max_num_batched_tokens",', '(lambda name, n, minimum: n)(None,')]),
 }
 
 
@@ -134,6 +136,33 @@ def test_planted_config_bug_is_caught(tiny, monkeypatch, tmp_path, name):
     cls = mutant.Engine if module is engine_module else Engine
     with pytest.raises((pytest.fail.Exception, AssertionError)):
         check_refusals(cls, tiny)
+
+
+#: Scenario 6's unclear errors planted back: token ids that only a torch tensor may carry.
+PLANTED_TOKEN_IDS = {
+    "a NumPy prompt refused": [("if isinstance(value, (torch.Tensor, np.ndarray)):",
+                                "if isinstance(value, torch.Tensor):")],
+    "a 0-d tensor EOS refused": [("if value.ndim not in ((0, 1) if scalar else (1,)):",
+                                  "if value.ndim != 1:")],
+}
+
+
+@pytest.mark.parametrize("name", PLANTED_TOKEN_IDS)
+def test_planted_token_id_forms_are_caught(tiny, prompt_and_tokens, monkeypatch, tmp_path, name):
+    from paged_ref.sampling import params as params_module
+
+    mutant = mutant_of(params_module, PLANTED_TOKEN_IDS[name], tmp_path, monkeypatch)
+    monkeypatch.setattr(engine_module, "as_token_ids", mutant.as_token_ids)
+    caught = 0
+    for check in (lambda: test_eos_ids_in_every_integer_form(tiny, np.int64(5), {5}),
+                  lambda: test_eos_ids_in_every_integer_form(tiny, torch.tensor(5), {5}),
+                  lambda: test_prompts_in_every_integer_form(tiny, prompt_and_tokens,
+                                                             np.array)):
+        try:
+            check()
+        except TypeError:
+            caught += 1
+    assert caught, f"the planted bug was missed: {name}"
 
 
 # ---- the command line: flags checked before the model loads -----------------------------
@@ -180,6 +209,34 @@ def test_cli_refuses_a_bad_flag_in_one_line(cli, capsys, argv, match):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert match in err and err.startswith("python -m paged_ref.chat: error:")
+
+
+#: Scenario 10 planted back: each check of the flags removed (the model loads, then fails).
+PLANTED_CLI = {
+    "counts below 1 accepted": (
+        [("value is not None and value < 1):", "False):")],
+        ["--max-new-tokens", "-1"]),
+    "a pool too small for the prompt found only by the engine": (
+        [("if need > args.num_blocks:", "if False:")], ["--num-blocks", "2", "--block-size",
+                                                        "16"]),
+    "--device cuda without a GPU": (
+        [('if args.device.startswith("cuda") and not torch.cuda.is_available():', "if False:")],
+        ["--device", "cuda"]),
+}
+
+
+@pytest.mark.parametrize("name", PLANTED_CLI)
+def test_planted_cli_bug_is_caught(cli, capsys, monkeypatch, tmp_path, name):
+    from paged_ref import chat as entry
+
+    if "cuda" in name and torch.cuda.is_available():
+        pytest.skip("on a GPU --device cuda is right")
+    edits, argv = PLANTED_CLI[name]
+    mutant = mutant_of(entry, edits, tmp_path, monkeypatch)
+    match = {"counts": "--max-new-tokens must be >= 1", "a": "is too small",
+             "--device": "no CUDA GPU here"}[name.split(" ")[0]]
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        test_cli_refuses_a_bad_flag_in_one_line(mutant.main, capsys, argv, match)
 
 
 def test_cli_thread_count_follows_the_idle_cores(monkeypatch):

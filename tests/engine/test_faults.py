@@ -1,18 +1,22 @@
 """Faults lose nothing: the engine's part of the fault-injection suite (tiny random Llama, CPU).
 
-A fault is planted at one point of a step -- before or inside the schedule (a policy function),
-the block moves, the layout, inside the forward at a layer (a monkeypatched module), the
-attention kernel, the greedy pick, the sampler, the scheduler's update, ``on_step`` -- on its
-n-th call, as an exception or a ``KeyboardInterrupt``. After it propagates:
+A fault is planted at one point of a step, on its n-th call, as an exception or a
+``KeyboardInterrupt`` (``POINTS``: adding ``generate``'s requests, the schedule and its policy
+functions, the block moves, the layout, inside the forward at a layer (a monkeypatched module),
+the K/V write, the prefill kernel, the decode plan and kernel, the greedy pick, the sampler, the
+scheduler's update before it starts and half-way through it, ``on_step``). After it propagates:
 
 * ``generate``: nothing is left inside the engine (no request, no sequence, every block free or
   cached), every prefix-cache entry holds the K/V of the tokens it is cached under (against
   transformers), and the next call's outputs equal a fresh engine's;
 * ``step`` (online): the requests the step scheduled are aborted, the others carry on and get
-  the tokens they get alone, and between steps no request's blocks run ahead of its K/V.
+  the tokens they get alone (greedy, or sampled with their own seed), every finished request's
+  output is exactly the tokens its steps delivered, and between steps no request's blocks run
+  ahead of its K/V.
 
-Then the bugs of issue 36's scenarios 4 and 5 are planted back (``mutant_of``) and the same
-checks must fail (scenario 6, configuration, is ``test_config.py``'s).
+Then the bugs of issue 36's scenarios 4 and 5 are planted back (``mutant_of``), with the two
+found in the audit (an update that failed half-way; a fault while ``generate`` adds its
+requests), and the same checks must fail (scenario 6, configuration, is ``test_config.py``'s).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ CONFIGS = {  # (pools that preempt: 7 blocks of 4 tokens, 16 tokens a step)
 
 #: Where a fault is planted: ``point(engine, model) -> (object, attribute)``.
 POINTS = {
+    "adding the call's requests": lambda e, m: (e, "_add"),
     "schedule": lambda e, m: (e.scheduler, "schedule"),
     "admit policy": lambda e, m: (e.scheduler, "admit"),
     "preemption policy": lambda e, m: (e.scheduler, "choose_victim"),
@@ -55,10 +60,14 @@ POINTS = {
     # (after layer 0's K/V are written, before layer 1's; then after both)
     "layer 0 MLP": lambda e, m: (m.model.layers[0].mlp.down_proj, "forward"),
     "layer 1 attention out": lambda e, m: (m.model.layers[1].self_attn.o_proj, "forward"),
+    "K/V write": lambda e, m: (runner_module.fused, "rope_write_kv"),
     "prefill kernel": lambda e, m: (runner_module, "paged_prefill"),
+    "decode plan": lambda e, m: (runner_module, "plan_decode"),
     "decode kernel": lambda e, m: (runner_module, "paged_attention"),
     "greedy pick": lambda e, m: (m.lm_head, "forward"),
     "update": lambda e, m: (e.scheduler, "update"),
+    # (inside update, half-way: the chunks before it recorded, the rest not)
+    "update, finishing a request": lambda e, m: (e.scheduler, "_finish"),
 }
 
 
@@ -111,8 +120,9 @@ GENERATE_FAULTS = (
     [("tight", point, at, Boom) for point in POINTS for at in calls_at(point)]
     + [(c, point, calls_at(point)[1], Boom) for c in ("no-prefix-cache", "swap")
        for point in STATEFUL]
-    + [("tight", point, 4, KeyboardInterrupt) for point in ("block moves", "layer 0 MLP",
-                                                            "update")])
+    + [("tight", point, 4, KeyboardInterrupt) for point in (
+        "adding the call's requests", "block moves", "layer 0 MLP", "K/V write",
+        "prefill kernel", "decode kernel", "greedy pick", "update", "update, finishing a request")])
 
 
 @pytest.mark.parametrize("config,point,at,exc", GENERATE_FAULTS,
@@ -133,25 +143,27 @@ def test_a_fault_in_generate_loses_nothing(tiny, case, monkeypatch, config, poin
     survives(engine, tiny, case, fire)
 
 
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt], ids=lambda e: e.__name__)
 @pytest.mark.parametrize("at", [1, 3, 9])
-def test_a_fault_in_on_step_loses_nothing(tiny, case, at):
+def test_a_fault_in_on_step_loses_nothing(tiny, case, at, exc):
     prompts, outputs, _ = case
 
     def on_step(event):
         if event.step == at - 1:
-            raise Boom("planted fault: on_step")
+            raise exc("planted fault: on_step")
 
     survives(Engine(tiny, **CONFIGS["tight"]), tiny, case,
              lambda e: e.generate(prompts, outputs, ignore_eos=True, on_step=on_step))
 
 
-def test_a_fault_in_the_sampler_loses_nothing(tiny, case, monkeypatch):
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt], ids=lambda e: e.__name__)
+def test_a_fault_in_the_sampler_loses_nothing(tiny, case, monkeypatch, exc):
     prompts, outputs, _ = case
     engine = Engine(tiny, **CONFIGS["tight"])
 
     def fire(engine):
         with monkeypatch.context() as mp:
-            plant(mp, runner_module, "sample", 3)
+            plant(mp, runner_module, "sample", 3, exc)
             for p in prompts:
                 engine.add_request(p, SamplingParams(max_tokens=6, temperature=0.7, seed=1))
             try:
@@ -164,23 +176,64 @@ def test_a_fault_in_the_sampler_loses_nothing(tiny, case, monkeypatch):
     survives(engine, tiny, case, fire)
 
 
-ONLINE_POINTS = ["admit policy", "preemption policy", "layer 0 MLP", "decode kernel", "update"]
+def greedy(n: int, i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
-def online_fault(engine, model, case, mp, point, at):
-    """Six requests stepping; a fault at ``point``'s ``at``-th call. Checks the module doc's
-    online promises and returns the aborted requests."""
-    prompts, outputs, expected = case
-    ids = [engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
-           for p, n in zip(prompts[:6], outputs[:6], strict=True)]
-    calls = plant(mp, *POINTS[point](engine, model), at)
+def seeded(n: int, i: int) -> SamplingParams:
+    """Request ``i`` samples (its own seed: its tokens do not depend on what else runs)."""
+    return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.8, seed=40 + i)
+
+
+def run_to_end(engine, outputs: dict, delivered: dict) -> None:
+    """Step until nothing is unfinished; each finished request's tokens into ``outputs``, each
+    step's new tokens appended to ``delivered``."""
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            delivered.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                outputs[o.request_id] = o.output_token_ids
+
+
+@pytest.fixture(scope="module")
+def seeded_expected(tiny, case):
+    """A fresh engine's tokens for each of ``case``'s first six prompts alone, ``seeded``."""
+    prompts, outputs, _ = case
+    out = []
+    for i, (p, n) in enumerate(zip(prompts[:6], outputs[:6], strict=True)):
+        engine, got = Engine(tiny, num_blocks=32, block_size=4), {}
+        rid = engine.add_request(p, seeded(n, i))
+        run_to_end(engine, got, {})
+        out.append(got[rid])
+    return out
+
+
+#: The points of a step an online request crosses (the sampler: with ``seeded`` requests).
+ONLINE_POINTS = ["admit policy", "preemption policy", "layer 0 MLP", "decode kernel", "update",
+                 "update, finishing a request", "sampler"]
+
+
+def online_fault(engine, model, case, mp, point, at, exc=Boom, expected=None):
+    """Six requests stepping (``seeded`` ones for the sampler, which ``expected`` then
+    holds); a fault at ``point``'s ``at``-th call. Checks the module doc's online promises, and
+    that each finished request's output is the tokens its steps delivered (none skipped, none
+    past ``max_tokens``); returns the aborted requests."""
+    prompts, outputs, hf = case
+    params = seeded if point == "sampler" else greedy
+    expected = hf if expected is None else expected
+    ids = [engine.add_request(p, params(n, i))
+           for i, (p, n) in enumerate(zip(prompts[:6], outputs[:6], strict=True))]
+    where = (runner_module, "sample") if point == "sampler" else POINTS[point](engine, model)
+    calls, delivered, final = plant(mp, *where, at, exc), {}, {}
     for _ in range(200):
         before = {rid: r.num_computed for rid, r in engine.requests.items()}
         try:
-            engine.step()
-        except Boom:
+            outs = engine.step()
+        except exc:
             break
         assert calls[0] < at
+        for o in outs:
+            delivered.setdefault(o.request_id, []).extend(o.new_token_ids)
     else:
         pytest.skip(f"{point} is called only {calls[0]} times")
     mp.undo()
@@ -192,35 +245,56 @@ def online_fault(engine, model, case, mp, point, at):
     for r in engine.scheduler.running:
         assert m.seq_len(r.req_id) == r.num_computed, f"request {r.req_id} is ahead of its K/V"
     assert_cached_kv_is_written(engine, model)
-    final = {}
-    while engine.has_unfinished_requests():
-        final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+    run_to_end(engine, final, delivered)
     assert all(final[rid] == expected[ids.index(rid)] for rid in final)
-    again = [engine.add_request(prompts[ids.index(rid)], SamplingParams(
-        max_tokens=outputs[ids.index(rid)], ignore_eos=True)) for rid in aborted]
-    while engine.has_unfinished_requests():
-        final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+    again = [engine.add_request(prompts[ids.index(rid)], params(outputs[ids.index(rid)],
+                                                                ids.index(rid)))
+             for rid in aborted]
+    run_to_end(engine, final, delivered)
     assert [final[rid] for rid in again] == [expected[ids.index(rid)] for rid in aborted]
+    for rid, tokens in final.items():
+        assert delivered[rid] == tokens, f"request {rid}: delivered {delivered[rid]}, " \
+                                         f"finished with {tokens}"
     assert_idle_and_whole(engine)
     return aborted
 
 
 @pytest.mark.parametrize("point,at", [(p, at) for p in ONLINE_POINTS for at in (
     (1, 2) if p == "preemption policy" else (2, 5))])
-def test_a_fault_in_step_aborts_the_scheduled_requests_only(tiny, case, monkeypatch, point, at):
+def test_a_fault_in_step_aborts_the_scheduled_requests_only(tiny, case, seeded_expected,
+                                                           monkeypatch, point, at):
     engine = Engine(tiny, **CONFIGS["tight"], max_num_seqs=4)
+    expected = seeded_expected if point == "sampler" else None
     with monkeypatch.context() as mp:
-        aborted = online_fault(engine, tiny, case, mp, point, at)
+        aborted = online_fault(engine, tiny, case, mp, point, at, expected=expected)
     assert aborted or point in ("admit policy", "preemption policy")
+
+
+@pytest.mark.parametrize("point", ["layer 0 MLP", "update, finishing a request", "sampler"])
+def test_ctrl_c_in_step_aborts_the_scheduled_requests_only(tiny, case, seeded_expected,
+                                                            monkeypatch, point):
+    engine = Engine(tiny, **CONFIGS["tight"], max_num_seqs=4)
+    expected = seeded_expected if point == "sampler" else None
+    with monkeypatch.context() as mp:
+        assert online_fault(engine, tiny, case, mp, point, 3, KeyboardInterrupt, expected)
 
 
 # ---- issue 36's scenarios 4 and 5 planted back: the checks above must fail ----------------
 
+ADD_INSIDE = ("        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts "
+              "queued)\n            for i, (p, n) in enumerate(checked):\n")
+INDEX = "            index = {r.req_id: i for i, r in reqs.items()}\n"
 PLANTED = {
     "4: a failed step leaves its requests' blocks ahead of their K/V (no rollback)": (
-        engine_module, [("                sched.rollback()\n", "")], "online"),
+        engine_module, [("                sched.rollback(out)\n", "")], "online"),
     "4: a failed schedule keeps the slots it took (no rollback)": (
         scheduler_module, [("            self.rollback()\n", "            pass\n")], "admit"),
+    "4: an update that failed half-way leaves the requests it recorded running": (
+        scheduler_module, [("if out is not None else set()", "if False else set()")],
+        "half-way"),
+    "5: generate adds its requests before its try (a fault while adding leaves them)": (
+        engine_module, [(ADD_INSIDE, "        if True:\n" + ADD_INSIDE.split("\n", 1)[1]),
+                        (INDEX, INDEX + "        try:\n")], "adding"),
     "4: an abort keeps the hashes of blocks never written": (
         scheduler_module, [('self._finish(req, "abort", num_computed=req.num_computed)',
                             'self._finish(req, "abort")')], "layer"),
@@ -247,6 +321,11 @@ def test_planted_scenario_is_caught(tiny, case, monkeypatch, tmp_path, name):
                 online_fault(engine, tiny, case, mp, "layer 0 MLP", 3)
             elif scenario == "admit":
                 online_fault(engine, tiny, case, mp, "admit policy", 2)
+            elif scenario == "half-way":
+                online_fault(engine, tiny, case, mp, "update, finishing a request", 2)
+            elif scenario == "adding":
+                survives(engine, tiny, case, lambda e: (plant(mp, e, "_add", 4), e.generate(
+                    prompts, outputs, ignore_eos=True)))
             elif scenario == "layer":
                 survives(engine, tiny, case, lambda e: (plant(
                     mp, *POINTS["layer 0 MLP"](e, tiny), 1), e.generate(

@@ -73,6 +73,7 @@ CONFIGS = {
     "reserve_max": dict(reservation="reserve_max", max_model_len=64),
     "short_model_len": dict(max_model_len=3),
     "tiny_budget": dict(max_num_batched_tokens=3),
+    "prefix_policy": dict(scheduling_policy="prefix", max_overtakes=2),
 }
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from paged_course.checks import assert_equal
 from tests.conftest import load_exercise
+from tests.engine.test_prefix_scheduling import check_starvation_bound, spec_order
 
 SEEDS = range(5)
 POLICIES = ("paged", "reserve_max", "reserve_pow2", "reserve_oracle")
@@ -155,3 +156,52 @@ def test_12_2_agrees_with_the_library(ex):
         want, _ = sustained_rate(curve, 2.0)
         got = ex.sustained_rate(rates, lats, 2.0)
         assert (got is None) == (want is None) and (want is None or got == pytest.approx(want))
+
+
+# ---- 12.3 admission_order ------------------------------------------------------------------
+# (the spec written another way, and the starvation test, are the engine's own tests')
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_12_3_admission_order_matches_the_spec(ex, seed):
+    rng = random.Random(seed)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        cached = [rng.choice([0, 16, 32, rng.randrange(0, 800, 16)]) for _ in range(n)]
+        overtaken = [rng.randint(0, 6) for _ in range(n)]
+        bound = rng.randint(0, 6)
+        assert_equal(ex.admission_order(cached, overtaken, bound),
+                     spec_order(cached, overtaken, bound),
+                     name=f"admission_order({cached}, {overtaken}, {bound})")
+
+
+def test_12_3_admission_order_edges(ex):
+    assert_equal(ex.admission_order([0, 48, 16, 48], [0, 0, 0, 0], 8), [1, 3, 2, 0],
+                 name="most cached first, ties in queue order")
+    assert_equal(ex.admission_order([0, 48, 16], [8, 0, 9], 8), [0, 2, 1],
+                 name="the aged first, in queue order")
+    assert_equal(ex.admission_order([16, 0, 32], [0, 0, 0], 0), [0, 1, 2],
+                 name="max_overtakes=0: everyone is aged, first come first served")
+    assert_equal(ex.admission_order([16, 0, 32], [3, 2, 3], 3), [0, 2, 1],
+                 name="overtaken exactly max_overtakes times is aged")
+    assert_equal(ex.admission_order([], [], 4), [], name="an empty queue")
+
+
+def test_12_3_admission_order_never_starves(ex):
+    """One seat a step; each step a request whose prompt is cached arrives. The one with nothing
+    cached is admitted right after max_overtakes of them."""
+    check_starvation_bound(ex)
+
+
+def test_12_3_agrees_with_the_engine(ex):
+    policy_module = pytest.importorskip("paged_ref.engine.policy")
+    if not hasattr(policy_module, "admission_order"):
+        pytest.skip("this engine has no prefix-aware admission")
+    rng = random.Random(8)
+    for _ in range(100):
+        n = rng.randint(1, 10)
+        cached = [rng.randrange(0, 400, 16) for _ in range(n)]
+        overtaken = [rng.randint(0, 5) for _ in range(n)]
+        assert_equal(ex.admission_order(cached, overtaken, 3),
+                     policy_module.admission_order(cached, overtaken, 3),
+                     name=f"admission_order({cached}, {overtaken}, 3)")

@@ -156,6 +156,28 @@ def test_planted_mistakes_are_caught(mistake, tmp_path, monkeypatch):
     assert caught, mistake
 
 
+#: Issue 36's scenario 11 planted back: a head_dim (or half of one) that is not a power of two
+#: used as a block size unpadded (Triton's aranges take powers of two only).
+UNPADDED = {
+    "head_dim unpadded (fp8)": (("D_PAD=triton.next_power_of_2(head_dim)", "D_PAD=head_dim"),
+                                ("fp8", "fp8_token_head")),
+    "half a head unpadded (int4)": (
+        ("HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2))",
+         "HALF_PAD=max(1, head_dim // 2)"), ("int4", "int4_head")),
+}
+
+
+@pytest.mark.parametrize("mistake", UNPADDED)
+def test_planted_unpadded_head_dim_is_caught(mistake, tmp_path, monkeypatch):
+    edit, formats = UNPADDED[mistake]
+    mutant = mutant_of(triton_quant_write, [edit], tmp_path, monkeypatch)
+    monkeypatch.setattr(triton_quant_write, "quant_write_triton", mutant.quant_write_triton)
+    for fmt in formats:
+        for heads, head_dim, dtype in SHAPES[-4:-1]:  # 80, 96, 120
+            with pytest.raises(Exception):  # noqa: B017,PT011 -- any failure is the catch
+                test_same_bytes_as_write_slots(fmt, dtype, heads, head_dim)
+
+
 def test_the_kernel_writes_out_the_quantisers_constants():
     """The kernel has e4m3's 448 and INT4's 15 as literals: they must stay paged_ref.quant's."""
     from paged_ref.quant import FP8_MAX, INT4_MAX

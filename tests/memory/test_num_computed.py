@@ -170,7 +170,7 @@ def host_copy_back_counts_as_written(cls):
     r.free("hog", 0)
     assert r.m.allocator.num_cached_blocks == 0 and r.m.stats().blocks_on_host == 1
     assert r.add("y", [4, 2, 7], write=False) == 2  # (4, 2) comes back from the host
-    (slot, block), = r.m._swap_in
+    (slot, block), = r.m._host.swap_in
     r.free("y", 0)
     assert [e.token_ids for e in r.m.cached_blocks()] == [(4, 2)]
     assert not r.m.allocator.is_free(block) and r.m.ref_count(block) == 0
@@ -254,7 +254,7 @@ PLANTED = {
         "        self.own[child_id] = {}",
         "        self.own[child_id] = dict(self.own[parent_id])")),
     "a block coming back from the host is released with its last holder": (manager_module, (
-        "        keep |= {d for _, d in self._swap_in if not held_after(d)}",
+        "        keep |= {d for d in self._owed_targets() if not held_after(d)}  # copy back owed",
         "        pass")),
 }
 

@@ -18,8 +18,13 @@ def snapshot(m: KVCacheManager):
         a.evictable_blocks(),
         {s: (m.block_table(s), m.seq_len(s)) for s in m.seq_ids},
         m.stats(),
-        list(m._copies), list(m._pinned), list(m._swap_out), list(m._swap_in),
-        None if m._host is None else m._host.hashes(),
+        list(m._copies), list(m._pinned),
+        None if m._host is None else (
+            m._host.hashes(), m._host.num_free_slots,
+            [[(s if isinstance(s, int) else id(s), d) for s, d in moves]  # (a read block: its id)
+             for moves in m._host._moves()]),
+        None if m._host is None or m._host.disk is None else (
+            m._host.disk.hashes(), m._host.disk.num_free_blocks),
     )
 
 

@@ -50,6 +50,20 @@ MUTATIONS = [
              "latencies[1:], strict=False))):", keyword="12_2"),
     Mutation("12.2 never above: None instead of the highest rate",
              "    return rates[-1]\n", "    return None\n", keyword="12_2"),
+    # 12.3 admission_order
+    Mutation("12.3 shortest prefix first", "0 if aged else -cached_tokens[i]",
+             "0 if aged else cached_tokens[i]", keyword="12_3"),
+    Mutation("12.3 aging ignored", "aged = overtaken[i] >= max_overtakes", "aged = False",
+             keyword="12_3"),
+    Mutation("12.3 the aged sorted by their prefix too", "0 if aged else -cached_tokens[i]",
+             "-cached_tokens[i]", keyword="12_3"),
+    Mutation("12.3 aged one overtake late", "aged = overtaken[i] >= max_overtakes",
+             "aged = overtaken[i] > max_overtakes", keyword="12_3"),
+    Mutation("12.3 the aged go last", "return (not aged, 0 if aged else -cached_tokens[i], i)",
+             "return (aged, 0 if aged else -cached_tokens[i], i)", keyword="12_3"),
+    Mutation("12.3 ties to the later arrival",
+             "return (not aged, 0 if aged else -cached_tokens[i], i)",
+             "return (not aged, 0 if aged else -cached_tokens[i], -i)", keyword="12_3"),
 ]
 
 

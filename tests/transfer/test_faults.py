@@ -1,5 +1,6 @@
 """Fault injection for ``paged_ref.transfer``: two gloo ranks, one killed at every phase of the
-protocol, or refusing, or failing half-way; what the survivor must show.
+protocol (``KILLS``: every phase a rank posts a message in, each call and mode; a refuser killed
+while it refuses, ``REFUSERS``), or refusing, or failing half-way; what the survivor must show.
 
 Every K/V block in these pools is derived from what it holds (:func:`kv_of`: a full prompt block
 from its prefix-cache hash), so any rank can check any cached block on its own. Checked on the
@@ -198,6 +199,9 @@ KILLS = [  # (the rank that dies, call, mode, the phase it dies at, at its nth m
     (0, "prefix", "per_layer", "sending the payload", 2),
     (0, "prefix", "per_block", "sending the payload", 9),
     (0, "prefix", "per_block", "sending the trailer", 1),
+    (1, "sequence", "packed", "waiting for the header", 1),  # before it heard anything
+    (1, "prefix", "packed", "waiting for the header", 1),
+    (1, "prefix", "packed", "receiving the prompt's token ids", 1),
     (1, "sequence", "packed", "answering", 1),  # it took the blocks, then died
     (1, "sequence", "packed", "receiving the payload", 2),
     (1, "sequence", "per_layer", "receiving the payload", 2),
@@ -207,6 +211,8 @@ KILLS = [  # (the rank that dies, call, mode, the phase it dies at, at its nth m
     (1, "prefix", "per_layer", "receiving the payload", 3),
     (1, "prefix", "per_block", "receiving the payload", 4),
     (1, "prefix", "packed", "sending the receipt", 1),
+    (1, "sequence", "per_layer", "waiting for the trailer", 1),  # the payload in, then died
+    (1, "prefix", "packed", "waiting for the trailer", 1),
 ]
 
 
@@ -338,9 +344,11 @@ def _refusal_cases():
     ]
 
 
-def refusals(rank, *, names=None):
+def refusals(rank, *, names=None, kill=None):
     """Every case of :func:`_refusal_cases` (or those ``names``), one after the other, on the
-    same process group."""
+    same process group; ``kill = (rank, phase, nth)`` as :func:`one_transfer`'s."""
+    if kill is not None and kill[0] == rank:
+        die_at(*kill[1:])
     out = {}
     for name, send, recv, _, _ in _refusal_cases():
         if names is None or name in names:
@@ -362,13 +370,32 @@ def test_every_refusal_and_failure_half_way_is_answered_promptly_and_undone():
     assert res[1]["then a transfer succeeds"]["landed"], "the ranks are out of step"
 
 
+#: (refusal case, the rank that refuses): each refuser dies while it sends its refusal.
+REFUSERS = [("seq_id held", 1), ("no prefix caching", 1), ("other head_dim", 1), ("no room", 1),
+            ("no room for a prefix", 1), ("prompt not computed", 0), ("unknown seq_id", 0)]
+
+
+@pytest.mark.parametrize("name, dies", REFUSERS, ids=[r[0] for r in REFUSERS])
+def test_a_peer_that_dies_while_refusing(name, dies):
+    """The refusal never arrives: the survivor raises a TransferError at once, holding what it
+    held before."""
+    res = run_pair(refusals, names=[name], kill=(dies, "refusing", 1))
+    assert res[dies] is None, f"rank {dies} was to die"
+    assert_undone(res[1 - dies][name])
+
+
 def test_a_refused_send_prefix_without_a_group_leaves_the_sender_as_it_was():
-    """Issue 36, scenario 1 (no process group needed): nothing registered, no hit after."""
-    cache, m = pool(seed=5)
-    side = attempt(lambda: transfer.send_prefix(cache, m, PROMPT, dst=1), cache, m)
-    assert side["error"] == "ValueError" and "compute the prompt first" in side["message"]
-    assert side["same"] and m.cached_blocks() == [] and not side["stale"]
-    assert m.add_sequence("x", token_ids=PROMPT) == 0
+    """Issue 36, scenario 1 (no process group needed): nothing registered, no hit after; in a
+    used pool (OTHER cached: PROMPT's first 2 blocks, and blocks holding other K/V) too."""
+    for used in (False, True):
+        cache, m = pool(seed=5)
+        if used:
+            compute(cache, m, "other", OTHER)
+            m.free_sequence("other")
+        side = attempt(lambda c=cache, m=m: transfer.send_prefix(c, m, PROMPT, dst=1), cache, m)
+        assert side["error"] == "ValueError" and "compute the prompt first" in side["message"]
+        assert side["same"] and len(m.cached_blocks()) == 3 * used and not side["stale"]
+        assert m.add_sequence("x", token_ids=PROMPT) == 8 * used
 
 
 # ---- the bugs of issue 36 planted back ------------------------------------------------------
