@@ -35,9 +35,12 @@ lab: install
 ## committed outputs. Lints the code we own; your edits in exercises/ are not linted.
 ## Two workers, one thread each: torch's threads per worker (and per notebook kernel and
 ## spawned rank) on top of two workers made the model notebooks 5-10x slower on 2 cores.
+## PAGED_REF_FULL_ENV=1: `make install` put Jupyter, IPython and ipywidgets here, so the tests
+## that need them fail if they are missing (elsewhere, e.g. a bare GPU machine, they skip).
 test: install
 	$(VENV)/bin/ruff check --extend-exclude exercises .
-	OMP_NUM_THREADS=1 PAGED_REF_IMPL=solutions $(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 PAGED_REF_IMPL=solutions PAGED_REF_FULL_ENV=1 $(PY) -m pytest -n 2 \
+		--dist loadfile
 
 ## On a machine with an NVIDIA GPU: the suite with every kernel compiled (no notebooks: make test
 ## runs those too where Jupyter is installed). tools/gpu/suite.sh does the same on a bare GPU box.

@@ -26,7 +26,8 @@ events) feeds the committed cost model, which lesson 12 uses for its simulated c
 Writes ``serving.json`` (+ ``serving.png``) to ``--out``: records ``{"model", "policy",
 "dataset", "sustained_rate_rps", "curve": [{"rate_rps", "mean_normalized_latency_s",
 "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "throughput_tok_s", ...}], ...}`` and
-``cost_models``. On a CPU it says so and runs the simulated version of a tiny config instead.
+``cost_models``. On a CPU it says so and runs the simulated version of a tiny config instead
+(``--simulate`` runs that version on a GPU machine too).
 """
 
 from __future__ import annotations
@@ -238,13 +239,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="a point still running then is stopped (marked truncated)")
     p.add_argument("--budget-s", type=float, default=420.0, help="the whole run's wall time")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--simulate", action="store_true",
+                   help="the CPU's simulated run of a tiny config, even with a GPU here")
     args = p.parse_args(argv)
     start = time.perf_counter()
     result = {**environment(), "suite": "serving", "bound": f"{sweep.BOUND_FACTOR} x the "
               "lowest-rate mean normalized latency (minimum over policies), per model and "
               "dataset", "factors": args.factors, "seed": args.seed, "results": []}
-    if not torch.cuda.is_available():
-        log("no CUDA GPU here: the serving suite measures on a GPU (committed results: "
+    if args.simulate or not torch.cuda.is_available():
+        why = "--simulate" if args.simulate else "no CUDA GPU here"
+        log(f"{why}: the serving suite measures on a GPU (committed results: "
             "results/h200/serving.json). Running the simulated version of a tiny config "
             "instead (the real scheduler, a null model, simulated time):")
         result.update(simulate_tiny(args))

@@ -13,7 +13,9 @@ torch backend of :mod:`paged_ref.reference`):
 * ``"auto"``         the fastest valid backend for the inputs and the device.
 
 With ``plan=`` (from :func:`paged_ref.plan_decode`) the value checks and the decision were made
-once on the host: the call reads nothing back and can be captured in a CUDA graph.
+once on the host: the call reads nothing back and can be captured in a CUDA graph, and its
+host path is short (:mod:`paged_ref.planned`: the tensors' metadata looked up among the
+plan's bindings, then launches bound once; the full checks run for tensors not seen before).
 
 Without a plan, on a GPU, the value checks run as a Triton kernel
 (:mod:`paged_ref.kernels.triton.checks`) queued *before* the attention kernel, which reads the
@@ -36,6 +38,7 @@ from paged_ref.plan import (
     make_plan,
     triton_reads,
 )
+from paged_ref.planned import call_planned
 from paged_ref.reference import paged_attention_torch
 from paged_ref.validation import Lengths, check_out, check_scale, check_shapes, check_values
 
@@ -140,6 +143,10 @@ def paged_attention(
         TypeError: bad types or dtypes. ValueError: bad shapes, devices or values, or a
         backend that cannot run on these tensors here (each named).
     """
+    if type(plan) is DecodePlan and scale is None and backend == "auto":
+        result = call_planned(plan, q, k_cache, v_cache, block_tables, seq_lens, out)
+        if result is not None:  # (else: not bindable; the path below checks and runs it)
+            return result
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(q, torch.Tensor) and q.is_cuda and q.get_device() != torch.cuda.current_device():

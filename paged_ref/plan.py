@@ -23,7 +23,7 @@ never read past the table).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,9 @@ class DecodePlan:
     scratch: object | None = None  # kernels.triton.split.SplitScratch
     kv_format: object | None = None  # quant.KVFormat the plan is for (None: plain caches)
     cuda: object | None = None  # kernels.cuda.CudaDecodePlan (backend "cuda")
+    #: signature -> bound launches of the planned calls (:mod:`paged_ref.planned`); a new
+    #: dict for every plan, never copied by ``dataclasses.replace``
+    bindings: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 def triton_reads(kv_format, head_dim: int) -> bool:
@@ -345,7 +348,8 @@ def check_against_plan(plan: DecodePlan, shapes: Shapes, q: torch.Tensor,
     got = (shapes.batch, shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim,
            shapes.block_size)
     if got != want:
-        names = ("batch", "num_q_heads", "num_kv_heads", "head_dim", "block_size")
+        names = ("q has batch", "q has num_q_heads", "k_cache has num_kv_heads",
+                 "k_cache has head_dim", "k_cache has block_size")
         diff = ", ".join(f"{n} {g} (planned {w})" for n, g, w in zip(names, got, want, strict=True)
                          if g != w)
         raise ValueError(f"inputs do not match the plan: {diff}")

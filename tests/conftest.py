@@ -1,18 +1,66 @@
-"""Shared pytest set-up: ``--impl`` picks solutions/ (default) or the learner's exercises/."""
+"""Shared pytest set-up: ``--impl`` picks solutions/ (default) or the learner's exercises/;
+where the kernels run (:data:`KERNEL_DEVICE`, the ``kernel_device`` fixture); the ``gpu``
+marker; :func:`need` for packages a bare GPU machine may lack."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import paged_ref  # noqa: F401  (sets TRITON_INTERPRET=1 before anything imports triton)
 from paged_course.exercise_files import EXERCISE, unsolved_exercise  # noqa: F401
+from paged_ref import _device
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: The device every test that launches a Triton kernel puts its tensors on: "cpu" in Triton's
+#: interpreter (a machine without a GPU), "cuda" where the kernels are compiled.
+KERNEL_DEVICE: str = _device.triton_device()
+#: True where the Triton kernels are compiled for a GPU (False: the interpreter).
+COMPILED: bool = _device.compiled_triton_on(KERNEL_DEVICE)
+#: Set by ``make test`` (CI, a learner's machine after ``make install``): every package of the
+#: lab and dev extras is installed there, so a missing one is a failure, not a skip.
+FULL_ENV = os.environ.get("PAGED_REF_FULL_ENV") == "1"
+
+
+@pytest.fixture
+def kernel_device() -> str:
+    """:data:`KERNEL_DEVICE`: where a test's tensors go when a Triton kernel reads them."""
+    return KERNEL_DEVICE
+
+
+def need(module: str, why: str = ""):
+    """Import ``module`` for a test, or skip it where the package is not installed (a bare GPU
+    machine runs the suite without Jupyter, IPython or ipywidgets). Under ``make test``
+    (:data:`FULL_ENV`) a missing package fails instead: those installs carry everything."""
+    if FULL_ENV:
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs {module}{': ' + why if why else ''} "
+                               "(not installed here)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU with the kernels compiled (skipped elsewhere; "
+        "`pytest -m gpu` runs only these)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with the reason, on a machine without CUDA (or with
+    TRITON_INTERPRET=1 set on a GPU machine: the kernels are not compiled there)."""
+    if torch.cuda.is_available() and not _device.INTERPRET:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU" if not torch.cuda.is_available() else
+                            "needs the kernels compiled (TRITON_INTERPRET=1 is set)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 def pytest_addoption(parser):

@@ -17,10 +17,11 @@ import torch
 
 from paged_course.checks import assert_close, assert_equal
 from paged_course.testing import make_paged_inputs
-from paged_ref import _device, paged_attention
+from paged_ref import paged_attention
+from tests.conftest import KERNEL_DEVICE
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 #: Backends checked here. On a CPU the Triton ones run in Triton's interpreter, which is why
 #: every case below is small. (Their split into several chunks is in test_triton_split.py.)

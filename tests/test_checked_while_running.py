@@ -16,19 +16,20 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import _device, attention, paged_attention
+from paged_ref import attention, paged_attention
 from paged_ref.kernels.triton import checks as triton_checks
 from paged_ref.kernels.triton.checks import start_checks
 from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 from paged_ref.validation import check_shapes, check_values
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
 LENS = [9, 0, 23, 14]
 SENTINEL = 7.25
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 
 def inputs(seed=0):

@@ -20,7 +20,7 @@ from tests.test_inputs import (  # noqa: F401
     test_stride_zero_expanded_inputs,
 )
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 
 BACKENDS = ["triton", "triton_split", "auto"]
 CASES = [

@@ -14,7 +14,7 @@ from paged_ref import KVFormat, QuantizedKV, paged_prefill, write_kv
 from paged_ref.kernels.triton.prefill import PrefillConfig, paged_prefill_triton
 from paged_ref.prefill import prefill_attention_torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 CASES = [

@@ -11,7 +11,7 @@ from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs, ragged_lengths
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 
 FORMATS = ["fp8", "fp8_token_head", "int4", "int4_g128"]
 CASES = [

@@ -21,8 +21,9 @@ from paged_ref import paged_attention
 from paged_ref.cache_math import cdiv, token_slots
 from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
+from tests.conftest import KERNEL_DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 SMALL = KernelConfig(tile=16)
 
 

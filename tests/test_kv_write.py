@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from paged_course.checks import assert_equal
-from paged_ref import _device
 from paged_ref.kv_write import write_kv
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 
 def _inputs(dtype=torch.float16, num_tokens=11, seed=0):

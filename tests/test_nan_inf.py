@@ -18,9 +18,10 @@ from paged_ref import paged_attention, paged_prefill, reference
 from paged_ref.cache_math import token_slots
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import split as triton_split
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 SHAPE = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
 NAN, INF = float("nan"), float("inf")
 CASES = ["q_nan", "q_inf", "k_nan", "k_inf", "k_minus_inf", "v_nan", "v_inf", "k_rows_inf"]

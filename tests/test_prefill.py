@@ -16,12 +16,13 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_prefill_inputs
-from paged_ref import _device, paged_prefill
+from paged_ref import paged_prefill
 from paged_ref.prefill import paged_prefill_reference
+from tests.conftest import KERNEL_DEVICE
 
 BACKENDS_UNDER_TEST = ["torch", "triton"]
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 # (id, seq_lens, query_lens, num_q_heads, num_kv_heads, head_dim, block_size, dtype, causal)

@@ -15,8 +15,9 @@ import torch
 
 from paged_course.checks import assert_close, assert_equal
 from paged_course.testing import make_paged_inputs
-from paged_ref import QuantizedKV, _device, paged_attention, quantize
+from paged_ref import QuantizedKV, paged_attention, quantize
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split
+from tests.conftest import KERNEL_DEVICE
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -33,7 +34,7 @@ CASES = [
 ]
 BACKENDS = ["torch", "triton", "triton_split"]
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 
 def _inputs(case_id, fmt, seq_lens, hq, hkv, d, bs, dtype, poison):

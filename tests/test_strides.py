@@ -19,9 +19,10 @@ from paged_course.testing import make_paged_inputs, make_prefill_inputs
 from paged_ref import attention, paged_attention, paged_prefill, plan_decode
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import split as triton_split
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 BACKENDS = ["torch", "triton", "triton_split", "auto"]
 SEEDS = range(3)
 
@@ -160,7 +161,7 @@ def test_prefill_random_layouts_give_the_reference(backend, seed):
     assert_close(out, want, name=f"{backend}, q strides {q.stride()}")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_cuda_kernels_take_any_q_layout(fmt):
     """The hand-written CUDA kernels read head_dim with stride 1: the call hands them a

@@ -14,11 +14,12 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import _device, paged_attention
+from paged_ref import paged_attention
+from tests.conftest import KERNEL_DEVICE
 
 BLOCK_SIZE = 8
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 
 def _valid(**kw):

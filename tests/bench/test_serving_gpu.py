@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 pytest.importorskip("transformers")
 
 
@@ -21,6 +21,10 @@ def test_wall_clock_run_on_the_gpu():
     engine = instrument(Engine(model, num_blocks=256, block_size=16, max_model_len=512,
                                enable_prefix_caching=False, reservation="reserve_oracle"))
     trace = workload.make_trace("Alpaca-like", 40, 50.0, seed=1, max_len=512)
+    # NOTE: the first run compiles the kernels inside its first steps (seconds a step, which
+    # no per-step cost model fits, and which swamp the fit below); the second is measured.
+    driver.run(engine, trace, driver.WallClock())
+    engine.runner.times.clear()
     res = driver.run(engine, trace, driver.WallClock())
     assert not res.simulated and not res.truncated
     for r in res.requests:
@@ -30,10 +34,10 @@ def test_wall_clock_run_on_the_gpu():
     assert s["finished"] == 40 and s["throughput_tok_s"] > 0
     times = engine.runner.times
     assert len(times) >= len([st for st in res.steps if st.shape.tokens])
-    assert all(g > 0 for _, g in times)
+    assert all(g > 0 for _, g in times), [g for _, g in times if g <= 0]
     model_ = fit([(st.shape.tokens, st.shape.seqs, st.shape.kv_tokens, st.seconds)
                   for st in res.steps])
-    assert model_.a + model_.c > 0
+    assert model_.a + model_.c > 0, f"no per-step or per-request cost in the fit: {model_}"
 
 
 def test_suite_short_run(tmp_path):

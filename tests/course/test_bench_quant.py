@@ -1,4 +1,5 @@
-"""The quantised-cache benchmark's pieces, on a CPU (the timing itself needs a GPU)."""
+"""The quantised-cache benchmark's pieces, on the kernels' device (the interpreter on a CPU;
+the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from paged_bench import quant as bench_quant
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
 from paged_ref.kernels.triton.decode import KernelConfig
+from tests.conftest import KERNEL_DEVICE
 
 
 def test_runners_and_reference_agree_for_every_format():
+    """Every runner the benchmark times (Triton's; on a GPU with nvcc the CUDA kernels too)
+    gives the float64 answer of the de-quantised cache."""
     plain = make_paged_inputs([40, 17], num_q_heads=8, num_kv_heads=2, head_dim=64,
-                              dtype=torch.bfloat16, seed=31)
+                              dtype=torch.bfloat16, device=KERNEL_DEVICE, seed=31)
     for fmt in ("fp8", "int4"):
         inp = plain.quantized(fmt)
         ref = bench_quant.float64_reference(inp)

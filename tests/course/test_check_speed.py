@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from paged_ref import _device
 from tests.exercises import isolated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,10 @@ print(json.dumps(seconds))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resource.getrusage: Linux")
+@pytest.mark.skipif(not _device.INTERPRET, reason="the 3 s bar is the CPU learner's (Triton's "
+                    "interpreter, crash probes in a fork); compiled, a check's first run "
+                    "compiles its kernels and its probes start a fresh Python (CUDA does not "
+                    "survive a fork), which this CPU-time bar does not measure")
 def test_every_check_cell_takes_at_most_3_s_of_cpu():
     calls = notebook_checks()
     assert len(calls) >= 30, calls

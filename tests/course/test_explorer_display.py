@@ -3,13 +3,12 @@ a notebook saved without widget state): both are in the one output it displays."
 
 from __future__ import annotations
 
-import pytest
-
 from paged_course import viz
+from tests.conftest import need
 
 
 def test_explorer_output_carries_the_widget_and_a_picture(monkeypatch):
-    pytest.importorskip("ipywidgets")
+    need("ipywidgets", "the explorer's app")
     import IPython.display
 
     shown = []
@@ -31,7 +30,7 @@ def test_explorer_output_carries_the_widget_and_a_picture(monkeypatch):
 def test_step_slider_output_carries_a_picture_not_a_placeholder(monkeypatch):
     """Lesson 09's step slider: a saved notebook shows the picture of the step it shows, not
     "(an interactive widget ...)" (tools/execute_notebooks.py drops the widget part)."""
-    pytest.importorskip("ipywidgets")
+    need("ipywidgets", "the explorer's app")
     from types import SimpleNamespace
 
     import IPython.display

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from tests.conftest import need
 from tests.course.course_copy import make_copy, run_python, write_exercise
 
 EX02 = "ex02_block_allocator"
@@ -33,6 +34,7 @@ def run(root, code: str, impl: str = "exercises"):
 
 
 def test_a_check_prints_one_line_and_shows_no_dict(root):
+    need("IPython", "a notebook's display formatter")
     write_exercise(root, EX02, solved={"2.1", "2.2", "2.3", "2.4", "2.5"})
     out = run(root, """
         from IPython.core.interactiveshell import InteractiveShell

@@ -82,16 +82,17 @@ def test_float16_dots_beat_the_first_bfloat16_build():
             assert 1.04 < b[f"{fmt} ms"] / a[f"{fmt} ms"] < 1.12, (a["case"], fmt)
 
 
-def test_suite_rows_over_quantised_caches_on_a_cpu(monkeypatch):
-    """The prefill suite's rows, driven on a CPU with a tiny shape and a stand-in timer: bf16
-    rows from ``run_case``, quantised ones from ``quant_rows`` (checked against float64 of the
-    de-quantised cache), and ``quant_table`` reads them back."""
+def test_suite_rows_over_quantised_caches_at_a_tiny_shape(monkeypatch, kernel_device):
+    """The prefill suite's rows, driven on the kernels' device (the interpreter on a CPU) with
+    a tiny shape and a stand-in timer: bf16 rows from ``run_case``, quantised ones from
+    ``quant_rows`` (checked against float64 of the de-quantised cache), and ``quant_table``
+    reads them back."""
     import torch
 
     from paged_bench import prefill as bench_prefill
     from paged_bench.common import check_then_time
 
-    monkeypatch.setattr(bench_prefill, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_prefill, "DEVICE", kernel_device)
     monkeypatch.setattr(bench_prefill, "SHAPE", dict(num_q_heads=4, num_kv_heads=2, head_dim=32,
                                                      block_size=16, dtype=torch.float32))
     monkeypatch.setattr(bench_prefill, "check_then_time", lambda *a, **k: check_then_time(

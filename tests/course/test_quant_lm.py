@@ -3,6 +3,7 @@ SmolLM2 table), and the measures behind it checked on a tiny random Llama."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -114,14 +115,16 @@ def test_bf16_h200_runs_and_the_lesson_reading_of_them(tmp_path, monkeypatch):
     assert mutant.bf16_perplexity_rows(ROOT)[1]["torch_pct"] != pytest.approx(fp8["torch_pct"])
 
 
-def test_scoring_through_the_triton_kernel_and_under_noise(tiny, generations):
-    """``backend="triton"`` scores through the prefill kernel (the interpreter here) with the
-    torch backend's log-probabilities; ``noise`` perturbs them reproducibly, per seed."""
+def test_scoring_through_the_triton_kernel_and_under_noise(tiny, generations, kernel_device):
+    """``backend="triton"`` scores through the prefill kernel (the interpreter on a CPU,
+    compiled on a GPU: the model on the kernels' device) with the torch backend's
+    log-probabilities; ``noise`` perturbs them reproducibly, per seed."""
     prompts, baseline = generations
     ids = prompts[0] + baseline[0]
+    model = copy.deepcopy(tiny).to(kernel_device)
     for fmt in (None, "fp8", "fp8_token_head"):  # (INT4 kernels need head_dim >= 32; tiny's 16)
-        ref, ref_pred = quant_lm.score_tokens(tiny, ids, kv_format=fmt, chunk=8)
-        got, got_pred = quant_lm.score_tokens(tiny, ids, kv_format=fmt, chunk=8,
+        ref, ref_pred = quant_lm.score_tokens(model, ids, kv_format=fmt, chunk=8)
+        got, got_pred = quant_lm.score_tokens(model, ids, kv_format=fmt, chunk=8,
                                               backend="triton")
         torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
         assert torch.equal(got_pred, ref_pred), fmt

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from paged_course import viz  # noqa: E402
 from paged_ref import KVCacheManager
+from tests.conftest import need
 
 
 def _gids(fig: Figure, prefix: str) -> list[str]:
@@ -164,7 +165,7 @@ def test_explorer_out_of_blocks_changes_nothing():
 
 
 def test_explorer_widget_builds_and_buttons_work():
-    pytest.importorskip("ipywidgets")
+    need("ipywidgets", "the explorer's app")
     e = viz.BlockTableExplorer(num_blocks=8, block_size=4, prompts=(2,))
     w = e.widget
     buttons = {b.description: b for box in w.children[:2] for b in box.children
@@ -183,7 +184,7 @@ def test_explorer_widget_builds_and_buttons_work():
 def test_explorer_number_boxes_fit_five_digits():
     # Issue 8, item 9: with ipywidgets' default label width, a 120 px "N" box showed "200" as
     # "2". The label now takes only its text's width and the box is wide enough for 5 digits.
-    pytest.importorskip("ipywidgets")
+    need("ipywidgets", "the explorer's app")
     e = viz.BlockTableExplorer(num_blocks=8, block_size=4, prompts=(2,))
     e.widget  # noqa: B018 (builds the widgets)
     for box in (e._count, e._prompt):

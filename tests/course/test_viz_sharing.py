@@ -10,6 +10,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from paged_course import viz  # noqa: E402
 from paged_ref import KVCacheManager  # noqa: E402
+from tests.conftest import need  # noqa: E402
 
 
 def _gids(fig, prefix):
@@ -70,6 +71,7 @@ def test_sharing_explorer_actions_without_a_display():
 
 
 def test_sharing_explorer_widget_has_the_sharing_row():
+    need("ipywidgets", "the explorer's app")
     ex = viz.SharingExplorer(num_blocks=8, block_size=4)
     labels = [b.description for row in ex.widget.children[:3]
               for b in getattr(row, "children", ()) if hasattr(b, "on_click")]

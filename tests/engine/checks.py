@@ -27,6 +27,8 @@ def assert_cached_kv_is_written(engine, model):
     how many entries were checked."""
     from transformers import DynamicCache
 
+    from paged_ref.models.compat import forward_into_cache
+
     cache, entries = engine.runner.cache, engine.scheduler.manager.cached_blocks()
     by_hash, bs = {e.block_hash: e for e in entries}, engine.block_size
     checked = 0
@@ -38,7 +40,7 @@ def assert_cached_kv_is_written(engine, model):
         if parent is not None:  # (an ancestor was evicted: its tokens are unknown here)
             continue
         kv = DynamicCache(config=model.config)
-        model(torch.tensor([chain]), cache=kv, use_cache=True)
+        forward_into_cache(model, torch.tensor([chain]), kv)  # (the keyword of this release)
         for i, layer in enumerate(kv.layers):
             for got, want in ((cache.k_caches[i][e.block_id], layer.keys),
                               (cache.v_caches[i][e.block_id], layer.values)):

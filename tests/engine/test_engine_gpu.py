@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 pytest.importorskip("transformers")
 
 

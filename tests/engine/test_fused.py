@@ -22,8 +22,9 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 from paged_course.checks import assert_close  # noqa: E402
 from paged_ref import _device  # noqa: E402
 from paged_ref.models import fused  # noqa: E402
+from tests.conftest import KERNEL_DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -17,15 +17,15 @@ import torch
 
 from paged_course import testing
 from paged_course.checks import assert_close
-from paged_ref import _device
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import kv_formats
 from paged_ref.kernels.triton import split as triton_split
 from paged_ref.kernels.triton.decode import KernelConfig
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 make_paged_inputs = functools.partial(testing.make_paged_inputs, device=DEVICE)
 PREFETCH = KernelConfig(tile=16, num_warps=4, num_stages=1, prefetch=True)
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from paged_ref import _device
 from paged_ref.kernels.triton import checks as triton_checks
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 
 
 def numpy_stats(table, lens, block_size, num_blocks):

@@ -16,11 +16,11 @@ import torch
 
 from paged_course import testing
 from paged_course.checks import assert_close
-from paged_ref import _device
 from paged_ref.kernels.triton.prefill import PrefillConfig, paged_prefill_triton
+from tests.conftest import KERNEL_DEVICE
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 make_prefill_inputs = functools.partial(testing.make_prefill_inputs, device=DEVICE)
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

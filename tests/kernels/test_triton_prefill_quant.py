@@ -19,12 +19,13 @@ import torch
 
 from paged_course import testing
 from paged_course.checks import assert_close
-from paged_ref import _device, paged_prefill
+from paged_ref import paged_prefill
 from paged_ref.kernels.triton import prefill as triton_prefill
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 #: Where the Triton kernels take tensors here: CUDA on a GPU (compiled), the CPU otherwise.
-DEVICE = _device.triton_device()
+DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 make_prefill_inputs = functools.partial(testing.make_prefill_inputs, device=DEVICE)
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -9,13 +9,12 @@ import math
 import pytest
 import torch
 
-from paged_course.checks import assert_close
+from paged_course.checks import assert_close, relative_error, tolerance
 from paged_course.testing import make_paged_inputs
 from paged_ref.kernels.triton.decode import KernelConfig
 from paged_ref.kernels.triton.split import SplitPlan, paged_attention_split, plan_split
+from tests.conftest import KERNEL_DEVICE as DEVICE
 from tests.mutations.mutate import mutant_of
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 CHUNKINGS = [
     # lengths, block_size, chunk_size, head_dim, (num_q_heads, num_kv_heads), dtype
@@ -105,9 +104,9 @@ def test_an_eager_fused_plan_runs_fused_and_is_right():
     from paged_ref.kernels.triton.split import SplitPlan, SplitScratch, paged_attention_split
 
     inp = make_paged_inputs([40, 7, 65], num_q_heads=4, num_kv_heads=2, head_dim=16,
-                            block_size=8)
+                            block_size=8, device=DEVICE)
     plan = SplitPlan(16, 5, eager_fused_merge=True)
-    scratch = SplitScratch.allocate(3, 4, 2, 16, plan, "cpu")
+    scratch = SplitScratch.allocate(3, 4, 2, 16, plan, DEVICE)
     scratch.counters.fill_(0)
     out = paged_attention_split(*inp.args(), plan=plan, scratch=scratch)
     assert_close(out, inp.reference(), name="eager fused")
@@ -147,17 +146,27 @@ MERGE_MUTATIONS = [  # planted mistakes in merge_heads, each must make a multi-s
 ]
 
 
-def _multi_step_merge_is_right(module, fused: bool) -> bool:
+def _multi_step_merge_error(module, fused: bool) -> float:
+    """The relative error of a multi-step merge (CHUNKINGS[-1]) over stale partials, by
+    ``module``'s split kernel. The keys of sequence 0's last 26 tokens (chunks 16-22) are
+    scaled up, so every head's largest score comes in a late step of either merge (the merge
+    kernel's second of two, the fused merge's fifth of six): the running max rises there and
+    the sums so far must be rescaled, whatever numbers the generator of this device draws."""
     lens, bs, chunk, d, (hq, hkv), dtype = CHUNKINGS[-1]
     inp = make_paged_inputs(lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                             dtype=dtype, device=DEVICE, seed=5)
+    row = inp.block_tables[0].tolist()
+    for t in range(64, lens[0]):
+        inp.k_cache[row[t // bs], t % bs] *= 3.0
     plan = module.SplitPlan(chunk, math.ceil(max(lens) / chunk), fused_merge=fused)
     scratch = module.SplitScratch.allocate(len(lens), hq, hkv, d, plan, DEVICE)
     scratch.part_out.fill_(3.0)  # stale partials from an earlier launch
     scratch.part_lse.fill_(1.0)
     out = module.paged_attention_split(*inp.args(), plan=plan, scratch=scratch,
                                        config=KernelConfig(tile=16))
-    return torch.allclose(out.double(), inp.reference(), rtol=1e-4, atol=1e-5)
+    late = scratch.part_lse[0].argmax(1)  # (what the scaled keys are for)
+    assert (late >= 16).all(), f"a head's largest chunk comes early: {late.tolist()}"
+    return relative_error(out, inp.reference())
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["merge kernel", "fused merge"])
@@ -165,6 +174,9 @@ def _multi_step_merge_is_right(module, fused: bool) -> bool:
 def test_planted_mistakes_in_the_merge_are_caught(desc, old, new, fused, tmp_path, monkeypatch):
     from paged_ref.kernels.triton import split as triton_split
 
-    assert _multi_step_merge_is_right(triton_split, fused)
+    tol = tolerance(torch.float32)
+    right = _multi_step_merge_error(triton_split, fused)
+    assert right <= tol, f"the real merge is off by {right:.3g} (tolerance {tol:.0e})"
     mutant = mutant_of(triton_split, [(old, new)], tmp_path, monkeypatch)
-    assert not _multi_step_merge_is_right(mutant, fused), desc
+    wrong = _multi_step_merge_error(mutant, fused)
+    assert wrong > 100 * tol, f"{desc}: survived (relative error {wrong:.3g})"

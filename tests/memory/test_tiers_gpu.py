@@ -12,7 +12,7 @@ import torch
 from paged_ref import KVCacheManager, PagedKVCache
 from paged_ref.memory.disk_tier import DiskTier
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # (tests/conftest.py: skipped without a CUDA GPU)
 
 
 @pytest.mark.parametrize("workers", [0, 4])

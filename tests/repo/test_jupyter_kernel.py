@@ -9,6 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import jupyter_kernel  # noqa: E402
 
+from tests.conftest import need  # noqa: E402
+
 
 def test_two_checkouts_never_share_a_kernel_name(tmp_path):
     a, b = tmp_path / "course", tmp_path / "course-copy"
@@ -20,9 +22,9 @@ def test_two_checkouts_never_share_a_kernel_name(tmp_path):
 
 def test_python3_kernel_of_this_environment_runs_this_python():
     """What `make lab` starts for the notebooks: this venv's Python, not a registered one."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    kernelspec = need("jupyter_client.kernelspec", "the lab extra (`make install`)")
 
-    spec = KernelSpecManager().get_kernel_spec("python3")
+    spec = kernelspec.KernelSpecManager().get_kernel_spec("python3")
     exe = spec.argv[0]
     assert exe in ("python", "python3", "{python}") or Path(exe).resolve() == Path(
         sys.executable).resolve(), f"python3 runs {exe}, not {sys.executable}"

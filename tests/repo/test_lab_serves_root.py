@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need
 from tests.repo.test_make_targets import dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,7 @@ def free_port() -> int:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_lab_serves_the_repository_root(tmp_path):
+    need("jupyterlab", "`make lab` runs it (the lab extra)")
     token, port = secrets.token_hex(16), free_port()
     extra = f"--no-browser --ip=127.0.0.1 --port={port} --port-retries=0 " \
             f"--IdentityProvider.token={token} --ServerApp.open_browser=False"

@@ -5,6 +5,7 @@
 # Writes $OUT/suite.log, stamped with GPU, versions, date and commit (results/h200/suite.log).
 # Carry .whl (hypothesis, sortedcontainers, pytest-xdist, execnet, ...) and build/cubins.tar.xz.
 #   PAGED_REF_COMMIT=<hash> bash tools/gpu/suite.sh [pytest arguments]
+# SUITE_TESTS="tests/a.py tests/b.py::test_c" runs those instead of the whole of tests/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/suite_out}; mkdir -p "$OUT"
@@ -22,6 +23,7 @@ LOG="$OUT/suite.log"
     python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
     echo "# date $(date -u +%Y-%m-%d), commit ${PAGED_REF_COMMIT:-unknown}"
 } | tee "$LOG"
-timeout "${SUITE_SECONDS:-540}" python3 -m pytest tests --ignore=tests/browser -q -ra \
+# shellcheck disable=SC2086  (SUITE_TESTS is a list of test paths and ids)
+timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore=tests/browser -q -ra \
     -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist loadfile "$@" 2>&1 \
     | grep -v "^tests/.*PASSED" | tee -a "$LOG" | tail -25
