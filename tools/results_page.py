@@ -49,6 +49,7 @@ FILES = {
     "h200/serving.json": "serving under load: latency vs request rate per reservation policy, "
                          "sustained rates, fitted step costs (12)",
     "h200/serving.png": "plot of serving.json",
+    "h200/warmup.json": "engine: first vs second generate after Engine.warmup",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
     "cpu/sharing_engine.json": "the same, measured in the engine (07)",
