@@ -52,7 +52,7 @@ FILES = {
     "h200/warmup.json": "engine: first vs second generate after Engine.warmup",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
-    "cpu/sharing_engine.json": "the same, measured in the engine (07)",
+    "cpu/sharing_engine.json": "measured in the engine (07)",
     "cpu/scheduling.json": "prefix-aware admission vs FCFS, simulated; table in docs/engine.md",
     "cpu/quant_accuracy.json": "attention error per KV format (10)",
     "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
@@ -187,9 +187,8 @@ def sharing_section() -> str:
              f"{100 * measured[r['dataset'], mode[r['method']], r['n / width']]:.1f}",
              r["paper % (OPT-13B, n/width 2-6)"]] for r in d["savings"]]
     return ("## Sharing blocks (CPU)\n\n"
-            f"*Simulated (`tools/sharing_savings.py`): {d['date']}, `{d.get('commit', '?')}`; "
-            f"engine (`python -m paged_bench sharing`): {e['date']}, `{e['commit']}`.* % saved; "
-            "paper: Fig. 15."
+            f"*Simulated: {d['date']}, `{d.get('commit', '?')}`; engine: {e['date']}, "
+            f"`{e['commit']}` (`paged_bench sharing`).* % saved."
             "\n\n" + table(["dataset", "forks", "n", "simulated", "engine", "paper"], rows))
 
 
