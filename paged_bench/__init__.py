@@ -10,10 +10,11 @@
     python -m paged_bench tiers       # a cached prefix back from disk vs host vs recomputed
     python -m paged_bench host_path   # host time of one planned decode call (vs FlashInfer)
     python -m paged_bench warmup      # the engine's first generate vs its second (warm-up)
+    python -m paged_bench sharing     # memory saved by forks: parallel samples, beams (CPU)
 
 Each suite is a module here with a ``main(argv)`` and its own ``--help``; :mod:`.common` is
 what they share. On a machine with no GPU a suite says so and prints what it would measure.
 """
 
 SUITES = ("decode", "prefill", "quant", "engine", "transfer", "serving", "tiers", "scheduling",
-          "host_path", "warmup")
+          "host_path", "warmup", "sharing")

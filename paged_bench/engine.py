@@ -43,6 +43,9 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
                  rope_theta=10000.0),  # for CPU tests
+    "micro": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=256,
+                  rope_theta=10000.0),  # block counting on a CPU (python -m paged_bench sharing)
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                          vocab_size=49152, rope_theta=100000.0),

@@ -38,10 +38,26 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True)
+class CompletionOutput:
+    """One completion of a request (vLLM's): sample ``index`` of a request with ``n`` samples,
+    or the ``index``-th best hypothesis of a beam search (``score``: its length-penalised
+    log-probability, transformers' ``sequences_scores``; None when sampling)."""
+
+    index: int
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    score: float | None = None
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One request's news from a step: ``new_token_ids`` generated this step,
     ``output_token_ids`` all so far; ``finish_reason`` once ``finished``: ``"stop"`` (EOS or a
-    stop token, kept in the output) or ``"length"`` (``max_tokens``)."""
+    stop token, kept in the output) or ``"length"`` (``max_tokens``). ``outputs``: every
+    completion (one; a request with ``n > 1``: its ``n`` samples; a beam search: its beams,
+    best first); the fields before it are ``outputs[0]``'s, but ``finished`` is the request's
+    (all its completions finished)."""
 
     request_id: int
     new_token_ids: list[int]
@@ -49,6 +65,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: RequestMetrics
+    outputs: list[CompletionOutput] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

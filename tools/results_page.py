@@ -52,6 +52,7 @@ FILES = {
     "h200/warmup.json": "engine: first vs second generate after Engine.warmup",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
     "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
+    "cpu/sharing_engine.json": "measured in the engine (07)",
     "cpu/scheduling.json": "prefix-aware admission vs FCFS, simulated; table in docs/engine.md",
     "cpu/quant_accuracy.json": "attention error per KV format (10)",
     "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
@@ -179,13 +180,16 @@ def transfer_section() -> str:
 
 
 def sharing_section() -> str:
-    d = load("cpu/sharing.json")
-    rows = [[r["dataset"], r["method"], str(r["n / width"]), f"{r['saving %']:.1f}",
+    d, e = load("cpu/sharing.json"), load("cpu/sharing_engine.json")
+    mode = {"parallel sampling": "parallel", "beam search": "beam"}
+    measured = {(r["dataset"], r["mode"], r["n"]): r["saved"] for r in e["results"]}
+    rows = [[r["dataset"], mode[r["method"]], str(r["n / width"]), f"{r['saving %']:.1f}",
+             f"{100 * measured[r['dataset'], mode[r['method']], r['n / width']]:.1f}",
              r["paper % (OPT-13B, n/width 2-6)"]] for r in d["savings"]]
-    return ("## Sharing blocks (`python tools/sharing_savings.py`, CPU)\n\n"
-            f"*{d['machine']}, {d['date']}, commit `{d.get('commit', '?')}`.* Memory saved by "
-            "sharing, simulated with the real `KVCacheManager`, next to the paper's Fig. 15."
-            "\n\n" + table(["dataset", "method", "n / width", "saved %", "paper %"], rows))
+    return ("## Sharing blocks (CPU)\n\n"
+            f"*Simulated: {d['date']}, `{d.get('commit', '?')}`; engine: {e['date']}, "
+            f"`{e['commit']}` (`paged_bench sharing`).* % saved."
+            "\n\n" + table(["dataset", "forks", "n", "simulated", "engine", "paper"], rows))
 
 
 def tiers_section() -> str:

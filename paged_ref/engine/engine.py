@@ -1,9 +1,10 @@
 """``Engine``: continuous batching over the paged KV cache, online (vLLM's ``LLMEngine``
 calls: ``add_request``, ``step``, ``abort``, ``has_unfinished_requests``) and offline
-(``generate``, a loop over them). A step: the scheduler picks chunks, the engine lays them out
-as one flat batch, the runner computes them and picks the tokens, the scheduler records them.
-If anything raises inside a step, the requests it scheduled are aborted (blocks freed, hashes of
-blocks never written dropped) and the exception propagates; ``generate`` aborts all of its own.
+(``generate``, ``beam_search``: loops over its steps, in :mod:`paged_ref.offline`). A step: the
+scheduler picks chunks, the engine lays them out as one flat batch, the runner computes them and
+picks the tokens, the scheduler records them. If anything raises inside a step, the requests it
+scheduled are aborted (blocks freed, hashes of blocks never written dropped) and the exception
+propagates; ``generate`` aborts all of its own.
 """
 
 from __future__ import annotations
@@ -13,21 +14,18 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
-from paged_ref import _device
+from paged_ref import _device, offline
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine.policy import reserved_tokens
-from paged_ref.engine.request import Request, Status
+from paged_ref.engine.request import Request, Status, fork_samples
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
-from paged_ref.outputs import RequestMetrics, RequestOutput, RunStats, StepEvent
+from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats
 from paged_ref.sampling.params import SamplingParams, as_token_ids
 from paged_ref.sampling.sampler import SamplingBatch
 
-#: Show a progress bar when a call generates at least this many tokens (``progress=None``).
-PROGRESS_MIN_TOKENS = 4096
 #: ``attention_backend`` / ``fused_backend`` values.
 BACKENDS = ("auto", "torch", "triton")
 
@@ -138,44 +136,56 @@ class Engine:
         """Run one step of the unfinished requests' work.
 
         Returns:
-            A :class:`RequestOutput` per request that got a token (extended or finished).
+            A :class:`RequestOutput` per request that got a token (extended or finished); one
+            for all the samples of a request with ``n > 1``.
 
         Raises:
             Whatever the step raised (the model, a kernel, a policy function, ``Ctrl-C``),
             after aborting the requests it had scheduled (see the module doc).
         """
+        reqs, tokens, now = self._step(fork_samples)
+        outputs = []
+        for head in dict.fromkeys(r.parent or r for r in reqs):
+            head.metrics.token_times.append(now)
+            new = [t for r, t in zip(reqs, tokens, strict=True) if r is head]
+            outputs.append(RequestOutput(
+                head.req_id, new, list(head.output), self._done(head), head.finish_reason,
+                head.metrics, [CompletionOutput(i, list(r.output), r.status is Status.FINISHED,
+                                                r.finish_reason)
+                               for i, r in enumerate(head.group)]))
+        return outputs
+
+    def _step(self, pick: Callable, logprobs: int = 0) -> tuple[list[Request], list, float]:
+        """One step (:meth:`step`'s); ``pick(reqs, got)`` turns what the runner returned for
+        the sampled requests ``reqs`` -- tokens, or with ``logprobs`` each one's likeliest
+        ``(log-prob, token)`` pairs -- into ``Scheduler.update``'s ``new_tokens``. Returns
+        ``(reqs, got, the time they came)``."""
         t0 = time.perf_counter()
         sched, cache, out, applied = self.scheduler, self.runner.cache, None, False
         try:
             out = sched.schedule()
             cache.apply_block_ops(out.block_ops)  # before the step writes any K/V
             applied = True
-            step = self._layout(out)
-            reqs = [out.chunks[b].request for b in step.sample_rows]
-            tokens = self.runner.execute(step, self._sampling(reqs))
+            rows = [(b, r) for b, c in enumerate(out.chunks) if c.samples
+                    for r in c.request.samplers(self._generator)]
+            step, reqs = self._layout(out, [b for b, _ in rows]), [r for _, r in rows]
+            got = (self.runner.top_logprobs(step, logprobs) if logprobs else
+                   self.runner.execute(step, self._sampling(reqs)))
             now = time.perf_counter()
-            new_tokens = {r.req_id: t for r, t in zip(reqs, tokens, strict=True)}
-            finished = sched.update(out, new_tokens)
+            finished = sched.update(out, pick(reqs, got))
         except BaseException:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
                     cache.apply_block_ops(out.block_ops)
                 sched.rollback(out)
             cache.apply_block_ops(sched.manager.take_block_ops())  # (moves the aborts owe)
-            self._forget([r for r in self.requests.values() if r.status is Status.FINISHED])
+            self._forget(list(self.requests.values()))
             raise
         for r in out.admitted:
             r.metrics.first_scheduled = r.metrics.first_scheduled or t0
-        outputs = []
-        for r, t in zip(reqs, tokens, strict=True):
-            r.metrics.token_times.append(now)
-            outputs.append(RequestOutput(r.req_id, [t], list(r.output), r.status is
-                                         Status.FINISHED, r.finish_reason, r.metrics))
-        for r in finished:
-            r.metrics.finished = now
-        self._forget(finished)
-        self._last = (out, finished, new_tokens, time.perf_counter() - t0)
-        return outputs
+        self._forget(finished, now)
+        self._last = (out, finished, dict(zip(reqs, got, strict=True)), time.perf_counter() - t0)
+        return reqs, got, now
 
     def abort(self, request_id: int) -> None:
         """Stop request ``request_id`` and free all it holds (waiting, mid-prefill or decoding);
@@ -185,9 +195,9 @@ class Engine:
             if isinstance(request_id, int) and 0 <= request_id < self._next_id:
                 return
             raise ValueError(f"unknown request id {request_id!r} (ids come from add_request)")
-        self.scheduler.abort(req)
-        req.metrics.finished = time.perf_counter()
-        self._forget([req])
+        for r in req.group:  # (n > 1: every sample)
+            self.scheduler.abort(r)
+        self._forget([req], time.perf_counter())
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running."""
@@ -215,85 +225,37 @@ class Engine:
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 
-    # ---- the offline call -------------------------------------------------------------------
+    # ---- the offline calls (vLLM's LLM: paged_ref.offline) ----------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 max_new_tokens: int | Sequence[int], *, ignore_eos: bool = False,
-                 on_step: Callable[[StepEvent], None] | None = None,
-                 progress: bool | None = None) -> list[list[int]]:
-        """Greedy continuations of ``prompts`` (token ids), in prompt order.
-
-        Each request stops after ``max_new_tokens`` tokens (an int, or one per prompt), or
-        right after it emits EOS (the EOS id is included) unless ``ignore_eos``. Identical to
-        transformers' ``model.generate(ids, do_sample=False, max_new_tokens=n)`` run on each
-        prompt alone (float32). ``on_step`` gets a :class:`StepEvent` after each step, and
-        ``engine.stats`` the call's :class:`RunStats`.
-
-        Raises:
-            ValueError (before any work): an empty prompt list or prompt, a token id outside
-                ``[0, vocab_size)``, ``max_new_tokens < 0``, a request that can never fit in
-                the pool (``ceil((len(prompt) + max_new_tokens - 1) / block_size) >
-                num_blocks``, or its reservation) or is longer than ``max_model_len``.
-            TypeError: prompts that are not lists of int token ids.
-            RuntimeError: requests added with :meth:`add_request` are unfinished.
-            Whatever a step or ``on_step`` raised, after aborting every request of the call.
-        """
-        if self.has_unfinished_requests():
-            raise RuntimeError("generate runs its own prompts only: finish (step) or abort the "
-                               f"{len(self.requests)} requests added with add_request first")
-        checked = self._check_prompts(prompts, max_new_tokens)
-        start = time.perf_counter()
-        self.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
-        total = sum(n for _, n in checked)
-        show = total >= PROGRESS_MIN_TOKENS if progress is None else progress
-        bar = tqdm(total=total, desc="generate", unit="tok", disable=not show, leave=False)
-        reqs: dict[int, Request] = {}
-        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts queued)
-            for i, (p, n) in enumerate(checked):
-                if n:
-                    params = SamplingParams(max_tokens=n, ignore_eos=ignore_eos)
-                    reqs[i] = self.requests[self._add(p, params, start)]
-            index = {r.req_id: i for i, r in reqs.items()}
-            while self.has_unfinished_requests():
-                self.step()
-                out, finished, new_tokens, seconds = self._last
-                if on_step is not None:
-                    on_step(self._event(stats.steps, index))
-                stats.steps += 1
-                stats.computed_tokens += out.num_tokens
-                stats.cached_tokens += out.cached_tokens
-                stats.preemptions += len(out.preempted)
-                stats.max_running = max(stats.max_running,
-                                        len(self.scheduler.running) + len(finished))
-                bar.update(len(new_tokens))
-        except BaseException:
-            for r in reqs.values():
-                self.abort(r.req_id)
-            raise
-        finally:
-            bar.close()
-        stats.seconds = time.perf_counter() - start
-        stats.output_tokens = sum(len(r.output) for r in reqs.values())
-        stats.metrics = [reqs[i].metrics if i in reqs else None for i in range(len(checked))]
-        stats.ttft_s = [(m.ttft or 0.0) if m else 0.0 for m in stats.metrics]
-        return [list(reqs[i].output) if i in reqs else [] for i in range(len(checked))]
+    generate = offline.generate
+    beam_search = offline.beam_search
 
     # ---- one step's pieces ------------------------------------------------------------------
 
     def _add(self, ids: list[int], params: SamplingParams, arrival: float) -> int:
-        rid, self._next_id = self._next_id, self._next_id + 1
+        rid, self._next_id = self._next_id, self._next_id + params.n  # (samples: rid + i)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos
                                                     else self.eos_ids)
-        gen = None if params.seed is None else torch.Generator(
-            self.runner.device).manual_seed(params.seed)
         self.requests[rid] = req = Request(rid, ids, params.max_tokens, params, stops,
-                                           metrics=RequestMetrics(arrival), generator=gen)
+                                           metrics=RequestMetrics(arrival),
+                                           generator=self._generator(params.seed))
         self.scheduler.add(req)
         return rid
 
-    def _forget(self, finished: list[Request]) -> None:
-        for r in finished:
-            self.requests.pop(r.req_id, None)
+    def _forget(self, finished: list[Request], now: float | None = None) -> None:
+        """Drop the requests of ``finished`` (or with a sample in it) that are done, every
+        sample; their ``metrics.finished`` becomes ``now`` (when given)."""
+        for head in dict.fromkeys(r.parent or r for r in finished):
+            if self._done(head) and self.requests.pop(head.req_id, None) and now is not None:
+                head.metrics.finished = now
+
+    @staticmethod
+    def _done(head: Request) -> bool:
+        """Whether request ``head`` finished, every sample of it."""
+        return all(r.status is Status.FINISHED for r in head.group)
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        return None if seed is None else torch.Generator(self.runner.device).manual_seed(seed)
 
     @staticmethod
     def _sampling(reqs: list[Request]) -> SamplingBatch | None:
@@ -305,11 +267,11 @@ class Engine:
         return SamplingBatch(rows, [p.temperature for p in ps], [p.top_p for p in ps],
                              [p.top_k for p in ps], [reqs[i].generator for i in rows])
 
-    def _layout(self, out) -> StepInputs:
+    def _layout(self, out, sample_rows: list[int]) -> StepInputs:
         """The scheduled chunks (a ``SchedulerOutput``) as one flat batch for the runner."""
         m = self.scheduler.manager
-        step = StepInputs([], [], [], [0], [], [], [])
-        for b, chunk in enumerate(out.chunks):
+        step = StepInputs([], [], [], [0], [], [], sample_rows)
+        for chunk in out.chunks:
             req = chunk.request
             if chunk.num_tokens == 1:  # decode: the token sampled last step
                 step.input_ids.append(req.token_at(chunk.start))
@@ -320,24 +282,7 @@ class Engine:
             step.query_start_loc.append(len(step.input_ids))
             step.seq_lens.append(chunk.end)
             step.block_tables.append(m.block_table(req.req_id))
-            if chunk.samples:
-                step.sample_rows.append(b)
         return step
-
-    def _event(self, step: int, index: dict[int, int]) -> StepEvent:
-        """The last step as a :class:`StepEvent`, requests named by ``index[req_id]``."""
-        out, finished, new_tokens, seconds = self._last
-        m, running = self.scheduler.manager, self.scheduler.running
-        return StepEvent(
-            step=step, ran=[(index[c.request.req_id], c.start, c.num_tokens) for c in out.chunks],
-            admitted=[index[r.req_id] for r in out.admitted],
-            preempted=[index[r.req_id] for r in out.preempted],
-            finished=[index[r.req_id] for r in finished],
-            new_tokens={index[i]: t for i, t in new_tokens.items()},
-            block_tables={index[r.req_id]: m.block_table(r.req_id) for r in running},
-            seq_lens={index[r.req_id]: m.seq_len(r.req_id) for r in running},
-            num_free_blocks=m.num_free_blocks, num_blocks=self.num_blocks,
-            block_size=self.block_size, cached_tokens=out.cached_tokens, seconds=seconds)
 
     # ---- input checks -----------------------------------------------------------------------
 

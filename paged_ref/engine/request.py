@@ -6,6 +6,7 @@ running request one (decode), a preempted one all again."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,9 @@ class Status(enum.Enum):
 class Request:
     """A generation request. ``req_id`` is also its ``seq_id`` in the block manager (arrival
     order); ``num_computed``: leading tokens whose K/V are in the cache; ``reserved``: blocks a
-    reservation policy holds for it (:mod:`paged_ref.engine.policy`)."""
+    reservation policy holds for it (:mod:`paged_ref.engine.policy`). A request with ``n > 1``
+    samples is sample 0; samples 1..n-1 (ids ``req_id + i``) are requests of their own, forked
+    from it at its first token: each runs (and is preempted) as any request does."""
 
     req_id: int
     prompt: list[int]
@@ -44,6 +47,26 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  #: its prompt's, as far as computed
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
     generator: torch.Generator | None = None  #: a seeded request's own
+    #: parallel sampling (``n > 1``) / beam search: the request this one was forked from
+    parent: Request | None = None
+    samples: list[Request] = field(default_factory=list)  #: ``n > 1``: samples 1..n-1
+
+    @property
+    def group(self) -> list[Request]:
+        """This request and its other samples (all of a request with ``n > 1``, sample order)."""
+        return [self, *self.samples]
+
+    def samplers(self, generator: Callable[[int | None], torch.Generator | None]) -> list[Request]:
+        """Who draws a token from this request's next logits: itself; at the first token of a
+        request with ``n > 1``, also its samples 1..n-1 (new requests, ids ``req_id + i``,
+        ``generator(params.sample_seed(i))`` each; :func:`fork_samples` forks them)."""
+        n = self.params.n if self.params else 1
+        if n == 1 or self.samples or self.parent is not None:
+            return [self]
+        return [self] + [Request(self.req_id + i, self.prompt, self.max_new_tokens, self.params,
+                                 self.stop_ids, parent=self,
+                                 generator=generator(self.params.sample_seed(i)))
+                         for i in range(1, n)]
 
     @property
     def tokens(self) -> list[int]:
@@ -63,3 +86,16 @@ class Request:
     def num_to_compute(self) -> int:
         """Tokens whose K/V are still missing: the prompt (prefill) or 1 (decode)."""
         return self.num_tokens - self.num_computed
+
+
+def fork_samples(reqs: list[Request], tokens: list[int]) -> dict[int, list]:
+    """``Scheduler.update``'s ``new_tokens`` for the step's sampled requests ``reqs`` (from
+    :meth:`Request.samplers`) and their ``tokens``: ``[(request, token)]`` each, but a new
+    sample (one not started) joins its head's list, to be forked from it."""
+    new: dict[int, list] = {}
+    for r, t in zip(reqs, tokens, strict=True):
+        owner = r.parent if r.status is Status.WAITING else r  # (a new sample: its head's)
+        new.setdefault(owner.req_id, []).append((r, t))
+        if owner is not r:
+            owner.samples.append(r)
+    return new

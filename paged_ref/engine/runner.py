@@ -13,7 +13,8 @@ A step's requests are one flat batch of ``T`` tokens: request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
 token replay CUDA graphs captured per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...), padded
 with rows of length 0 that write to a spare block. Greedy rows take the argmax; sampling rows
-go to :func:`~paged_ref.sampling.sampler.sample`, outside the graph, from its hidden states.
+go to :func:`~paged_ref.sampling.sampler.sample`, outside the graph, from its hidden states;
+beam search reads each row's likeliest tokens and their log-probabilities (``top_logprobs``).
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class ModelRunner:
         """Run one step; return the next token of each of ``step.sample_rows``.
 
         Args:
-            step: the batch (host lists).
+            step: the batch (host lists). A request may be sampled twice (its row listed twice
+                in ``sample_rows``: the samples of a request with ``n > 1``, at its first token).
             sampling: which of the sampled rows sample, and how; the others (all, when None)
                 take the argmax, of the logits in their own dtype (as exact as float32).
 
@@ -175,25 +177,38 @@ class ModelRunner:
         """
         if not step.input_ids:
             return []
-        batch, dev, graphed = len(step.seq_lens), self.device, self._graphed(step)
-        if graphed:  # (a 1-token chunk of a prompt, not its last, runs here but samples not)
-            with self._on_device():  # replay on the GPU the graphs belong to
-                tokens, hidden = self._replay(step)  # (hidden: every row, read if sampling)
-            tokens = tokens[:batch][step.sample_rows]
-        else:
-            ids, pos, slots = torch.tensor([step.input_ids, step.positions,
-                                            step.slot_mapping]).to(dev)
-            last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
-                                dtype=torch.long, device=dev)
-            hidden = self.forward(ids, pos, slots, self._attend(step))[last]
-            tokens = self.model.lm_head(hidden).argmax(dim=-1)
+        tokens, hidden = self._run(step)
         if sampling is not None:
-            # NOTE: a replay's hidden has every row; a 1-token chunk that samples not is the
-            # step's last (the budget ran out), so this maps r to r -- unless that changes
-            at = [step.sample_rows[r] for r in sampling.rows] if graphed else sampling.rows
-            tokens[torch.tensor(sampling.rows, device=dev)] = sample(
-                self.model.lm_head(hidden[torch.tensor(at, device=dev)]), sampling)
+            rows = torch.tensor(sampling.rows, device=self.device)
+            tokens[rows] = sample(self.model.lm_head(hidden[rows]), sampling)
         return tokens.tolist()
+
+    @torch.inference_mode()
+    def top_logprobs(self, step: StepInputs, k: int) -> list[list[tuple[float, int]]]:
+        """Run one step; return each sampled row's ``k`` likeliest next tokens as ``(log-prob,
+        token)`` pairs, best first: float32 ``log_softmax`` of the logits, as transformers'
+        beam search takes them (:class:`~paged_ref.sampling.beam.BeamSearch` reads them)."""
+        if not step.input_ids:
+            return []
+        top = self.model.lm_head(self._run(step)[1]).float().log_softmax(dim=-1).topk(k)
+        return [list(zip(v, t, strict=True)) for v, t in zip(top.values.tolist(),
+                                                             top.indices.tolist(), strict=True)]
+
+    def _run(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass of ``step``: the argmax tokens ``[R]`` and final hidden states
+        ``[R, hidden]`` of its ``R = len(sample_rows)`` sampled rows."""
+        batch, dev = len(step.seq_lens), self.device
+        if self._graphed(step):  # (a 1-token chunk of a prompt, not its last, runs here too)
+            with self._on_device():  # replay on the GPU the graphs belong to
+                tokens, hidden = self._replay(step)  # (every row of the bucket)
+            rows = torch.tensor(step.sample_rows, device=dev)
+            return tokens[:batch][rows], hidden[:batch][rows]
+        ids, pos, slots = torch.tensor([step.input_ids, step.positions,
+                                        step.slot_mapping]).to(dev)
+        last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],
+                            dtype=torch.long, device=dev)
+        hidden = self.forward(ids, pos, slots, self._attend(step))[last]
+        return self.model.lm_head(hidden).argmax(dim=-1), hidden
 
     def _graphed(self, step: StepInputs) -> bool:
         """Whether ``step`` replays a CUDA graph: one token a request, a bucket that fits."""

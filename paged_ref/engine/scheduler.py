@@ -165,22 +165,42 @@ class Scheduler:
                stop_ids: frozenset[int] = frozenset()) -> list[Request]:
         """Record a finished step: chunks computed, sampled tokens appended, stops applied.
 
-        ``new_tokens`` maps ``req_id`` to the token sampled for each chunk that ``samples``;
-        a request stops after a token in ``stop_ids`` or its own ``stop_ids`` (``"stop"``), or
-        at ``max_new_tokens`` (``"length"``). Returns the requests that finished (freed).
+        ``new_tokens`` maps ``req_id`` to the token sampled for each chunk that ``samples``, or
+        to a list of ``(request, token)``: the sequences that go on from its blocks -- itself,
+        and new requests forked from it (:meth:`fork`: parallel samples at their first token, a
+        beam kept twice); one missing from its own list is dropped (a beam not kept: freed,
+        ``"dropped"``). A request stops after a token in ``stop_ids`` or its own ``stop_ids``
+        (``"stop"``), or at ``max_new_tokens`` (``"length"``). Returns the requests that
+        finished (freed).
         """
         finished = []
         for chunk in out.chunks:
             req = chunk.request
             req.num_computed = chunk.end
-            if chunk.samples:
-                token = new_tokens[req.req_id]
-                req.output.append(token)
-                stop = token in req.stop_ids or token in stop_ids
-                if stop or len(req.output) >= req.max_new_tokens:
-                    self._finish(req, "stop" if stop else "length")
-                    finished.append(req)
+            if not chunk.samples:
+                continue
+            got = new_tokens[req.req_id]
+            went_on = [(req, got)] if isinstance(got, int) else got
+            for child, _ in reversed(went_on):  # (reversed: forks run in order after req)
+                if child is not req:
+                    self.fork(req, child)
+            if all(child is not req for child, _ in went_on):
+                self._finish(req, "dropped")
+                finished.append(req)
+            for r, token in went_on:
+                r.output.append(token)
+                stop = token in r.stop_ids or token in stop_ids
+                if stop or len(r.output) >= r.max_new_tokens:
+                    self._finish(r, "stop" if stop else "length")
+                    finished.append(r)
         return finished
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Start ``child`` (a new request with ``parent``'s tokens) on ``parent``'s blocks
+        (``KVCacheManager.fork``: shared, copied on write), running right after ``parent``."""
+        self.manager.fork(parent.req_id, child.req_id)
+        child.num_computed, child.status = parent.num_computed, Status.RUNNING
+        self.running.insert(self.running.index(parent) + 1, child)
 
     def abort(self, req: Request) -> None:
         """Drop ``req``, waiting or running, with all it holds (its blocks -- hashes past its
@@ -209,15 +229,17 @@ class Scheduler:
 
     def _take_slots(self, req: Request, n: int) -> bool:
         """Slots for ``req``'s next ``n`` tokens, or False (nothing taken) if blocks are short."""
-        start, bs = req.num_computed, self.block_size
+        start, bs, m = req.num_computed, self.block_size, self.manager
         need = blocks_needed(start + n, bs) - blocks_needed(start, bs)
+        if n and start % bs and m.ref_count(m.block_table(req.req_id)[-1]) > 1:
+            need += 1  # (its last block is shared -- forked samples, beams: copied on write)
         left = req.reserved - need
         if need and req.reserved:  # its reservation pays: those blocks go back to be taken
             self._reserve(req, 0)
         elif need > self.manager.num_free_blocks:
             return False
         for t in range(start, start + n):
-            self.manager.append_slot(req.req_id, req.token_at(t))
+            m.append_slot(req.req_id, req.token_at(t))
         if left > 0 and not req.reserved:
             self._reserve(req, left)
         return True

