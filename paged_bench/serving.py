@@ -48,7 +48,14 @@ FACTORS = "0.5,0.8,1.0,1.2,1.5"
 KNEE_FACTORS = (0.3, 0.6, 0.9, 1.2)
 #: Requests of the calibration run (all at once), twice: the first compiles.
 WARM_REQUESTS = 48
+#: Requests per dataset: the simulated knee search's trace, and each GPU point's minimum.
 REQUESTS = {"ShareGPT-like": 80, "Alpaca-like": 160}
+#: Each GPU point's requests arrive over this many seconds (``--span-s``): ``rate x span``
+#: requests, so that a high rate is not one burst (2026-12-02: 160 Alpaca-like requests at
+#: the knee arrived in 0.09-0.7 s and the curves measured how fast a burst drains).
+SPAN_S = 6.0
+#: The most requests one point takes (its trace is cut there, span or not).
+MAX_REQUESTS = 2000
 #: The CPU's tiny simulated config: a 2,048-token pool, reservations of 512 tokens (4 held);
 #: requests per dataset in DATASETS' order.
 TINY = dict(num_blocks=128, block_size=16, max_model_len=512, requests=(24, 48))
@@ -76,9 +83,11 @@ def simulated_knees(traces: dict, policies, cost: cm.CostModel, num_blocks: int,
 
 
 def plan(traces: dict, knees: dict, factors, cost: cm.CostModel, num_blocks: int,
-         block_size: int, scale: float = 1.0) -> list[dict]:
-    """Per (policy, dataset): the grid (``factors`` x the simulated knee x ``scale``) and each
-    point's estimated seconds: its arrivals or its service at the knee, whichever is longer,
+         block_size: int, scale: float = 1.0, span_s: float | None = None) -> list[dict]:
+    """Per (policy, dataset): the grid (``factors`` x the simulated knee x ``scale``), each
+    point's requests (``rate x span_s``, at least the trace's default count: see
+    :func:`paged_course.serving.sweep.requests_for`; all of the trace when ``span_s`` is None)
+    and its estimated seconds: its arrivals or its service at the knee, whichever is longer,
     plus the longest request alone (its output at ``cost``'s decode step of the batch the
     policy fits)."""
     rows = []
@@ -88,9 +97,11 @@ def plan(traces: dict, knees: dict, factors, cost: cm.CostModel, num_blocks: int
         step = sweep.decode_step_seconds(cost, trace)(max(1, round(held)))
         longest = max(r.output_len for r in trace.requests) * step
         rates = sweep.rate_grid(knee, factors)
+        sizes = [len(trace) if span_s is None else
+                 sweep.requests_for(r, span_s, MAX_REQUESTS, len(trace)) for r in rates]
         rows.append({"policy": policy, "dataset": name, "knee_rps": knee, "rates": rates,
-                     "est_s": [max(len(trace) / r, len(trace) / knee) + longest
-                               for r in rates]})
+                     "requests": sizes, "est_s": [max(n / r, n / knee) + longest
+                                                  for n, r in zip(sizes, rates, strict=True)]})
     return rows
 
 
@@ -152,8 +163,12 @@ def run_model(name: str, model, args, result: dict, save, deadline: float, knees
         log(f"  simulated knees in {time.perf_counter() - t1:.0f} s: " + ", ".join(
             f"{p}/{d} {k:.3g}" for (p, d), k in knees["rates"].items()))
     rows = fit_to_budget(plan(traces, knees["rates"], args.factors, cost, args.num_blocks,
-                              args.block_size, knees["step_s"] / batch),
+                              args.block_size, knees["step_s"] / batch, args.span_s),
                          deadline - time.perf_counter() - 10)
+    longest = {d: max(n for r in rows if r["dataset"] == d for n in r["requests"])
+               for d in traces}  # each dataset's trace, as long as its largest point needs
+    traces = {d: workload.make_trace(d, max(longest[d], len(t)), 1.0, seed=args.seed,
+                                     max_len=args.max_model_len) for d, t in traces.items()}
     for r in rows:
         log(f"  plan {r['policy']:>14} {r['dataset']:>13}: knee ~{r['knee_rps']:.3g} req/s, "
             f"rates {r['rates']}, ~{sum(r['est_s']):.0f} s")
@@ -170,7 +185,8 @@ def run_model(name: str, model, args, result: dict, save, deadline: float, knees
             log(f"{name} {policy} {r['dataset']} ({len(traces[r['dataset']])} requests):")
             curves[r["dataset"]][policy] = sweep.sweep_policy(
                 lambda e=engine: e, traces[r["dataset"]], rates, driver.WallClock,
-                max_seconds=args.max_point_s, progress=log, keep=runs)
+                max_seconds=args.max_point_s, progress=log, keep=runs, span_s=args.span_s,
+                min_requests=args.requests[r["dataset"]])
         gpu_times += [(s.tokens, s.seqs, s.kv_tokens, g) for s, g in engine.runner.times]
         del engine
     del paged
@@ -235,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--span-s", type=float, default=SPAN_S,
+                   help="each point's arrivals span this many seconds (rate x span requests, "
+                   "at least --requests' count)")
     p.add_argument("--max-point-s", type=float, default=40.0,
                    help="a point still running then is stopped (marked truncated)")
     p.add_argument("--budget-s", type=float, default=420.0, help="the whole run's wall time")
@@ -261,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     result.update({"num_blocks": args.num_blocks, "block_size": args.block_size,
                    "kv_budget_tokens": args.num_blocks * args.block_size,
                    "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-                   "requests": args.requests, "cost_models": {}, "plans": {}})
+                   "requests": args.requests, "span_s": args.span_s, "cost_models": {},
+                   "plans": {}})
     models = [m for m in args.models if m != "smollm2-135m-real" or has_gguf()]
     knees: dict = {}
     for i, name in enumerate(models):

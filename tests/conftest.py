@@ -120,3 +120,12 @@ def pytest_runtest_makereport(item, call):
         message = todo
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0, f"not implemented yet: {message}")
+
+
+def pytest_runtest_logreport(report):
+    """With ``PAGED_REF_FAILURE_LOG=<file>``, each failure's traceback is appended to that file
+    as it happens (a GPU run cut off by its time limit still says why its tests failed)."""
+    path = os.environ.get("PAGED_REF_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"\n===== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")

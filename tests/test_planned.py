@@ -15,6 +15,7 @@ from paged_ref import attention, paged_attention, plan_decode, planned
 from paged_ref.kernels.triton import launch as triton_launch
 from paged_ref.kernels.triton import split as triton_split
 from paged_ref.kernels.triton.split import SplitPlan
+from tests.conftest import COMPILED
 from tests.mutations.mutate import mutant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -231,6 +232,10 @@ PLANTED = [
 ]
 
 
+@pytest.mark.skipif(COMPILED, reason="each planted mistake launches the bound kernels on "
+                    "tensors they were not bound to (a smaller batch, float16 read as float32): "
+                    "out of bounds on a GPU, where the illegal access ends the CUDA context of "
+                    "the whole test process; the interpreter (CPU) catches the mistakes safely")
 @pytest.mark.parametrize("old, new, case", [p[1:] for p in PLANTED], ids=[p[0] for p in PLANTED])
 def test_planted_signature_mistakes_are_caught(old, new, case, small_split, tmp_path,
                                                monkeypatch):

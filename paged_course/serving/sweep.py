@@ -126,17 +126,35 @@ def rate_grid(capacity: float, factors: Sequence[float] = (0.3, 0.6, 0.85, 1.05,
     return [float(f"{capacity * f:.{digits}g}") for f in factors]
 
 
+def requests_for(rate_rps: float, span_s: float, available: int, min_requests: int = 1) -> int:
+    """Requests that arrive over ``span_s`` seconds at ``rate_rps`` (rounded up), clamped to
+    ``[min_requests, available]``."""
+    if not span_s > 0:
+        raise ValueError(f"span_s must be > 0, got {span_s}")
+    return max(1, min(available, max(min_requests, math.ceil(rate_rps * span_s))))
+
+
 def sweep_policy(make_engine: Callable[[], object], trace: Trace, rates: Sequence[float],
                  clock_factory: Callable[[], object], *, max_seconds: float | None = None,
                  progress: Callable[[str], None] | None = None,
-                 keep: list[RunResult] | None = None) -> list[dict]:
+                 keep: list[RunResult] | None = None, span_s: float | None = None,
+                 min_requests: int = 1) -> list[dict]:
     """One curve: ``trace`` at each of ``rates`` on one engine (``make_engine()``, built once
     and reused: it is idle between runs), each against a fresh ``clock_factory()``. Returns the
     :func:`~paged_course.serving.driver.summarize` points in rate order; ``keep`` (a list)
-    collects the runs themselves."""
+    collects the runs themselves.
+
+    ``span_s``: size each point in seconds of arrivals, not in requests -- its first
+    ``rate x span_s`` requests of ``trace`` (at least ``min_requests``, at most all), so that
+    a high rate still arrives over ``span_s`` seconds rather than as one burst that the
+    engine drains, which measures the burst, not the rate. None: every point has all of
+    ``trace``."""
     engine, points = make_engine(), []
     for rate in sorted(rates):
-        result = run(engine, trace.at_rate(rate), clock_factory(), max_seconds=max_seconds)
+        n = len(trace) if span_s is None else requests_for(rate, span_s, len(trace),
+                                                             min_requests)
+        result = run(engine, trace.head(n).at_rate(rate), clock_factory(),
+                     max_seconds=max_seconds)
         points.append(summarize(result))
         if keep is not None:
             keep.append(result)

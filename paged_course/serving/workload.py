@@ -87,6 +87,12 @@ class Trace:
         return replace(self, rate_rps=float(rate_rps), requests=tuple(
             replace(r, arrival_s=r.arrival_s * k) for r in self.requests))
 
+    def head(self, n: int) -> Trace:
+        """The first ``n`` requests (the same arrivals and lengths; ``n`` from 1 to len)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(self):
+            raise ValueError(f"n must be an int from 1 to {len(self)}, got {n!r}")
+        return replace(self, requests=self.requests[:n])
+
     @property
     def duration_s(self) -> float:
         """The last arrival (s)."""

@@ -387,3 +387,21 @@ def test_pictures():
     assert len(fig.axes[0].lines) == 2 + 2 + 1  # two curves, two sustained marks, the bound
     fig = plot.plot_arrivals({"a": hand_trace()}, seconds_per_token=0.01)
     assert len(fig.axes) == 2  # (the count of overlapping requests on a twin axis)
+
+
+def test_points_sized_in_seconds_arrive_over_the_span_at_every_rate():
+    """``span_s``: each point has ``rate x span`` requests (at least ``min_requests``), so its
+    arrivals last ~``span_s`` at every rate; a fixed count would arrive in 40 / rate seconds
+    (a burst at high rates) -- the mistake the 2026-12-02 H200 run made on Alpaca-like."""
+    trace = workload.make_trace("Alpaca-like", 600, 1.0, seed=3, max_len=256)
+    kept: list = []
+    sweep.sweep_policy(FakeEngine, trace, [2.0, 20.0, 100.0], lambda: driver.SimulatedClock(
+        CostModel(1e-3, 0, 0, 0)), keep=kept, span_s=5.0, min_requests=40)
+    assert [len(r.requests) for r in kept] == [40, 100, 500]
+    spans = [r.trace.duration_s for r in kept]
+    assert spans[0] > 10 and all(3.5 < s < 6.5 for s in spans[1:]), spans
+    assert sweep.requests_for(100.0, 5.0, 300) == 300  # (all the trace has)
+    with pytest.raises(ValueError, match="span_s"):
+        sweep.requests_for(1.0, 0.0, 10)
+    with pytest.raises(ValueError, match="n must be"):
+        trace.head(0)

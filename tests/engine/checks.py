@@ -70,11 +70,13 @@ def assert_running_kv_is_theirs(engine, model):
     transformers' K/V for its own tokens: no sequence's write landed in another's block."""
     from transformers import DynamicCache
 
+    from paged_ref.models.compat import forward_into_cache
+
     cache, m = engine.runner.cache, engine.scheduler.manager
     for r in engine.scheduler.running:
         tokens = r.tokens[:r.num_computed]
         kv = DynamicCache(config=model.config)
-        model(torch.tensor([tokens]), cache=kv, use_cache=True)
+        forward_into_cache(model, torch.tensor([tokens]), kv)  # (5.17's keyword or 5.24's)
         slots = torch.tensor(m.slot_mapping(r.req_id, 0, len(tokens)))
         for i, layer in enumerate(kv.layers):
             for got, want in ((cache.k_caches[i], layer.keys), (cache.v_caches[i], layer.values)):

@@ -6,6 +6,7 @@ first ``generate``) is in test_warmup_gpu.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from paged_ref.engine import Engine, SamplingParams
 from paged_ref.engine import engine as engine_module
 from paged_ref.models import warmup as warmup_module
+from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 POOL = dict(num_blocks=48, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
@@ -107,9 +109,9 @@ def test_warmup_after_the_first_request_is_refused(tiny):
 
 
 def test_warmup_runs_every_prefill_variant_and_both_sampler_paths(tiny, monkeypatch):
-    """With the Triton attention kernels (interpreted): a long-only prefill launch (default
-    tiles), a short-only one (small tiles) and a mixed step's two launches over sequence
-    subsets; the sampler with and without top-k / top-p; decode steps."""
+    """With the Triton attention kernels (interpreted on a CPU, compiled on a GPU): a long-only
+    prefill launch (default tiles), a short-only one (small tiles) and a mixed step's two
+    launches over sequence subsets; the sampler with and without top-k / top-p; decode steps."""
     from paged_ref.engine import runner
     from paged_ref.kernels.triton import prefill
 
@@ -126,7 +128,8 @@ def test_warmup_runs_every_prefill_variant_and_both_sampler_paths(tiny, monkeypa
 
     monkeypatch.setattr(prefill, "_launch", spy_launch)
     monkeypatch.setattr(runner, "sample", spy_sample)
-    engine = Engine(tiny, **POOL, attention_backend="triton")
+    model = copy.deepcopy(tiny).to(KERNEL_DEVICE)  # (the kernels' device: compiled on a GPU)
+    engine = Engine(model, **POOL, attention_backend="triton", warmup=False)
     real_execute = engine.runner.execute
     monkeypatch.setattr(engine.runner, "execute", lambda step, s=None: (
         decodes.append(step.is_decode), real_execute(step, s))[1])

@@ -18,6 +18,7 @@ if [ -f build/cubins.tar.xz ]; then
     mkdir -p build && tar -C build -xJf build/cubins.tar.xz && export PAGED_REF_CACHE=$PWD/build/cubins
 fi
 LOG="$OUT/suite.log"
+export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (tests/conftest.py)
 {
     echo "# pytest tests on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
