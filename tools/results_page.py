@@ -23,6 +23,7 @@ FILES = {
     "h200/decode_gather.json": "decode run with the `torch` gather backend's rows (lesson 03)",
     "h200/decode_launch_path.json": "decode after the GPU-side checks and short launch path (06)",
     "h200/launch_path.json": "host microseconds inside one Triton launch, B4_L2048 (06)",
+    "h200/host_path.json": "the planned call's host path vs FlashInfer's run(), B4_L2048 (06)",
     "h200/page_size.json": "block sizes 1-256 on B64_L4096 (06)",
     "h200/chunks.json": "split-KV chunk-count sweep (05)",
     "h200/tune_configs.json": "tile x warps x stages sweep of the Triton kernels (05)",
@@ -40,14 +41,10 @@ FILES = {
     "h200/quant_smollm2_bf16_torch.json": "the same scored by the torch backend (10)",
     "h200/quant_lm_layer_error.json": "attention error on SmolLM2's own q/K/V (10)",
     "h200/offload.json": "copy a cached prefix back from host vs recompute it (07)",
-    "h200/fp8_triton_study.json": "why Triton's FP8 / INT4 decode is not 2x: read-only and "
-                                  "stripped kernels, p @ V paths, registers, prefetch (10a)",
-    "h200/cuda_kernels_study.json": "the CUDA kernels: launch sweep, copy paths, TMA A/B, "
-                                    "design steps, ncu counters (10b)",
-    "h200/short_calls_study.json": "short calls: clean-L2 timing, fixed cost, copy and read "
-                                   "ceilings by size, host time in the timer (10c)",
-    "h200/serving.json": "serving under load: latency vs request rate per reservation policy, "
-                         "sustained rates, fitted step costs (12)",
+    "h200/fp8_triton_study.json": "why Triton's FP8 / INT4 decode is not 2x (10a)",
+    "h200/cuda_kernels_study.json": "the CUDA kernels' design steps and counters (10b)",
+    "h200/short_calls_study.json": "timing short calls (10c)",
+    "h200/serving.json": "latency vs request rate per reservation policy (12)",
     "h200/serving.png": "plot of serving.json",
     "h200/warmup.json": "engine: first vs second generate after Engine.warmup",
     "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
@@ -203,10 +200,9 @@ def tiers_section() -> str:
                      "-" if not (cold and again) else f"{again['ms'] / cold['ms']:.1f}"])
     disk = d["disk"]
     return (f"## Three tiers (`python -m paged_bench tiers`)\n\n{stamp(d)} ms to bring a cached "
-            "prefix back to the GPU (Llama-3.2-1B shape, bf16): from the disk tier after its "
-            "pages were dropped (`cold`) or from the page cache (`warm`), from pinned host "
-            f"memory, or recomputed (16 random-weight layers). Disk file on "
-            f"{disk.get('fs_type', '?')} ({disk.get('source', '?')}).\n\n"
+            "prefix (Llama-3.2-1B shape) back to the GPU: from disk (`cold`: pages dropped; "
+            "`warm`: page cache), from host memory, or recomputed. Disk: "
+            f"{disk.get('fs_type', '?')}.\n\n"
             + table(["prefix", *cols, "recompute / disk cold"], rows))
 
 
