@@ -351,6 +351,19 @@ def test_moves_run_again_after_a_fault_resume_where_it_raised():
     assert len(calls) == 3
 
 
+def test_prefetch_with_a_memo_starts_the_same_reads(tmp_path):
+    """``prefetch(tokens, hashes)`` (the scheduler's, with a request's memo) = ``prefetch``."""
+    runs = [Run(tmp_path, num_blocks=5, block_size=1, host=1, disk=4, workers=2)
+            for _ in range(2)]
+    prompt, memo = [1, 2, 3, 4, 5], []
+    for r in runs:
+        r.add("a", prompt)
+        r.m.free_sequence("a")
+        r.evict()
+    assert runs[0].m.prefetch(prompt) == runs[1].m.prefetch(prompt, memo) == 3
+    assert memo == blocks_of(runs[1], prompt)[:4] and runs[1].m.prefetch(prompt, memo) == 0
+
+
 def test_prefetch_without_a_disk_tier_or_with_bad_tokens():
     m = KVCacheManager(4, 2, enable_prefix_caching=True, num_host_blocks=1)
     assert m.prefetch([1, 2, 3]) == 0 and KVCacheManager(4, 2).prefetch([1, 2, 3]) == 0
