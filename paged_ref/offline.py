@@ -18,10 +18,10 @@ seats and tokens of the step's budget each: nothing is ever preempted, every run
 decodes every step. (Running requests come first in a step, in the order they started, forks
 right after their parent: no prompt mid-prefill takes a beam's token.)
 
-Both drive the engine through four of its private parts: ``_check_prompts`` (the prompts
-checked before any work), ``_add`` (a request), ``_step(pick, logprobs)`` (one step whose new
-tokens ``pick`` decides; :meth:`~paged_ref.engine.Engine.step` is ``_step`` with the sampled
-tokens) and ``_last`` (what that step did).
+Both drive the engine through four of its private parts: ``_check_prompt`` (each prompt
+checked before any work: :func:`check_prompts`), ``_add`` (a request), ``_step(pick,
+logprobs)`` (one step whose new tokens ``pick`` decides; :meth:`~paged_ref.engine.Engine.step`
+is ``_step`` with the sampled tokens) and ``_last`` (what that step did).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def generate(engine, prompts: Sequence[Sequence[int]],
     each = params if isinstance(params, Sequence) else None
     if params is not None and not all(isinstance(p, SamplingParams) for p in each or [params]):
         raise TypeError(f"params must be a SamplingParams or a list of them, got {params!r}")
-    checked = engine._check_prompts(prompts, max_new_tokens if params is None else
-                                    [p.max_tokens for p in each] if each else params.max_tokens)
+    checked = check_prompts(engine, prompts, max_new_tokens if params is None else
+                            [p.max_tokens for p in each] if each else params.max_tokens)
     start = time.perf_counter()
     engine.stats = stats = RunStats(prompt_tokens=sum(len(p) for p, _ in checked))
     total = sum(n for _, n in checked)
@@ -176,7 +176,7 @@ def beam_search(engine, prompts, beam_width: int, max_tokens: int | Sequence[int
     stops = frozenset() if ignore_eos else engine.eos_ids
     k = BeamSearch(width, 1, stop_ids=stops, length_penalty=length_penalty,
                    early_stopping=early_stopping).num_candidates  # (checks them too)
-    checked = engine._check_prompts(prompts, max_tokens)
+    checked = check_prompts(engine, prompts, max_tokens)
     if min(n for _, n in checked) < 1:
         raise ValueError(f"max_tokens must be >= 1 (each prompt's), got {max_tokens}")
     worst = [width * blocks_needed(len(p) + n - 1, engine.block_size) for p, n in checked]
@@ -243,3 +243,22 @@ def _output(head: Request, best: list, stops: frozenset[int]) -> RequestOutput:
                              else "length", h.score) for i, h in enumerate(best)]
     return RequestOutput(head.req_id, [], outs[0].token_ids, True, outs[0].finish_reason,
                          head.metrics, outs)
+
+
+def check_prompts(engine, prompts, max_new_tokens) -> list[tuple[list[int], int]]:
+    """``(token ids, max_new_tokens)`` per prompt (each checked by the engine's
+    ``_check_prompt``), or TypeError / ValueError before any work."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of prompts, each a list of token ids, got "
+                        f"{type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if isinstance(max_new_tokens, Sequence):  # one per prompt
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for "
+                             f"{len(prompts)} prompts")
+        limits = [check_int(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
+    else:
+        limits = [check_int("max_new_tokens", max_new_tokens)] * len(prompts)
+    return [(engine._check_prompt(f"prompts[{i}]", p, n), n)
+            for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]

@@ -22,6 +22,8 @@ from paged_ref.engine.request import Request, Status, fork_samples
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
+from paged_ref.memory.tiers import host_tier_blocks, open_disk_tier
+from paged_ref.models.compat import kv_block_shape
 from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats
 from paged_ref.sampling.params import SamplingParams, as_token_ids
 from paged_ref.sampling.sampler import SamplingBatch
@@ -41,6 +43,11 @@ class Engine:
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: most tokens computed in one step (prefill chunks + decodes).
         preemption_mode: ``"recompute"`` (free the victim's blocks) or ``"swap"``.
+        num_host_blocks: a host tier (CPU memory) where evicted cached blocks spill, in blocks
+            (None: as many as ``num_blocks`` with ``"swap"``, else none).
+        disk_path, num_disk_blocks: a disk tier under it, ``num_disk_blocks`` blocks in a file
+            made in the folder ``disk_path`` (``self.disk_tier``: removed with the engine or by
+            its ``close()``); see :mod:`paged_ref.memory.tiers`.
         attention_backend, fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"``, ``"triton"``
             (the attention kernels; the runner's fused layer ops).
         cuda_graphs: capture decode steps in CUDA graphs (default: on a GPU; True needs one).
@@ -69,7 +76,9 @@ class Engine:
                  eos_token_id: int | Sequence[int] | None = None,
                  kv_format: str | None = None, fused_backend: str = "auto",
                  reservation: str = "paged", scheduling_policy: str = "fcfs",
-                 max_overtakes: int = 8, warmup: bool | None = None) -> None:
+                 max_overtakes: int = 8, warmup: bool | None = None,
+                 num_host_blocks: int | None = None, disk_path=None, num_disk_blocks: int = 0,
+                 ) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
@@ -88,14 +97,20 @@ class Engine:
             eos_token_id = getattr(model.config, "eos_token_id", None)
         self.eos_ids = frozenset(() if eos_token_id is None else
                                  as_token_ids("eos_token_id", eos_token_id, scalar=True))
+        host = host_tier_blocks(num_blocks, preemption_mode, num_host_blocks)
+        self.disk_tier = open_disk_tier(  # (its arguments checked before its file is made)
+            disk_path, num_disk_blocks, num_host_blocks=host, kv_format=kv_format,
+            enable_prefix_caching=enable_prefix_caching, block_shape=kv_block_shape(
+                model, block_size), dtype=next(model.parameters()).dtype)
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, reservation=reservation,
                                    max_model_len=self.max_model_len, max_overtakes=max_overtakes,
-                                   scheduling_policy=scheduling_policy)
-        self.runner = ModelRunner(model, num_blocks, block_size,
-                                  num_host_blocks=self.scheduler.num_host_blocks,
+                                   scheduling_policy=scheduling_policy, num_host_blocks=host,
+                                   disk_tier=self.disk_tier)
+        self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks=host,
+                                  disk_tier=self.disk_tier,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                                   kv_format=kv_format, fused_backend=fused_backend)
@@ -214,7 +229,9 @@ class Engine:
         if self._next_id:
             raise RuntimeError("warmup() runs before the first request (add_request/generate)")
         start, kept = time.perf_counter(), (self.scheduler, self.stats)
-        self.scheduler = copy.deepcopy(self.scheduler)  # the dummies' (a fresh one's copy)
+        # the dummies' scheduler: a fresh one's copy (what they leave in the runner's cache is
+        # unreachable), without the disk tier (its moves are host copies: nothing to compile)
+        self.scheduler = copy.deepcopy(self.scheduler, {id(self.disk_tier): None})
         cuda = [self.runner.device] if self.runner.device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=cuda):  # (sampling draws from the global RNG)
@@ -285,23 +302,6 @@ class Engine:
         return step
 
     # ---- input checks -----------------------------------------------------------------------
-
-    def _check_prompts(self, prompts, max_new_tokens) -> list[tuple[list[int], int]]:
-        """``(token ids, max_new_tokens)`` per prompt, or TypeError / ValueError."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise TypeError("prompts must be a list of prompts, each a list of token ids, got "
-                            f"{type(prompts).__name__}")
-        if len(prompts) == 0:
-            raise ValueError("prompts is empty: give at least one prompt")
-        if isinstance(max_new_tokens, Sequence):  # one per prompt
-            if len(max_new_tokens) != len(prompts):
-                raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for "
-                                 f"{len(prompts)} prompts")
-            limits = [check_int(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
-        else:
-            limits = [check_int("max_new_tokens", max_new_tokens)] * len(prompts)
-        return [(self._check_prompt(f"prompts[{i}]", p, n), n)
-                for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
 
     def _check_prompt(self, name: str, prompt, max_tokens: int) -> list[int]:
         ids = as_token_ids(name, prompt, minimum=None)

@@ -30,6 +30,7 @@ from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
 from paged_ref.memory.storage import PagedKVCache
 from paged_ref.models import fused
+from paged_ref.models.compat import head_dim_of
 from paged_ref.plan import plan_decode
 from paged_ref.prefill import paged_prefill
 from paged_ref.sampling.sampler import SamplingBatch, sample
@@ -72,7 +73,7 @@ class ModelRunner:
             keeps each layer's q/k/v weights stacked into one matrix and gate/up into another
             (:func:`fused.fuse_linears`, made once): about half the parameters again.
         num_blocks, block_size: the scheduler's KV pool (plus one scratch block for padding).
-        num_host_blocks: the host tier's blocks (where evicted cached blocks spill).
+        num_host_blocks, disk_tier: the tiers under the pool (``PagedKVCache``'s).
         attention_backend: ``backend=`` of ``paged_prefill`` / ``plan_decode``.
         cuda_graphs: capture decode steps (default: on a CUDA device).
         max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
@@ -81,9 +82,10 @@ class ModelRunner:
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, *, num_host_blocks: int = 0,
-                 attention_backend: str = "auto", cuda_graphs: bool | None = None,
-                 max_num_seqs: int = 256, max_model_len: int = 4096,
-                 kv_format: str | None = None, fused_backend: str = "auto") -> None:
+                 disk_tier=None, attention_backend: str = "auto",
+                 cuda_graphs: bool | None = None, max_num_seqs: int = 256,
+                 max_model_len: int = 4096, kv_format: str | None = None,
+                 fused_backend: str = "auto") -> None:
         cfg = model.config
         if getattr(cfg, "hidden_act", "silu") != "silu":
             raise ValueError(f"model.config.hidden_act must be 'silu' (a Llama MLP), got "
@@ -91,7 +93,7 @@ class ModelRunner:
         self.model = model
         self.layers = list(model.model.layers)
         self.num_q_heads = cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_q_heads
+        self.head_dim = head_dim_of(cfg)
         self.scale = self.layers[0].self_attn.scaling
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -108,7 +110,7 @@ class ModelRunner:
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
                                   cfg.num_key_value_heads, self.head_dim, dtype=self.dtype,
                                   device=self.device, num_host_blocks=num_host_blocks,
-                                  kv_format=kv_format)
+                                  kv_format=kv_format, disk_tier=disk_tier)
         self.plan_args = dict(num_q_heads=self.num_q_heads, num_kv_heads=cfg.num_key_value_heads,
                               head_dim=self.head_dim, block_size=block_size, dtype=self.dtype,
                               device=self.device, scale=self.scale, backend=attention_backend,

@@ -22,8 +22,11 @@ written).
 
 ``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
 ``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
-where a hit copies them back. A reservation policy (:func:`~paged_ref.engine.policy.
-reserved_tokens`) admits a request only when all its blocks are free, and holds them to the end.
+where a hit copies them back; ``num_host_blocks`` sizes it (with either mode), and a
+``disk_tier`` under it takes what it drops, read ahead each step for the requests waiting
+(``KVCacheManager.prefetch``), read back when one is admitted. A reservation policy
+(:func:`~paged_ref.engine.policy.reserved_tokens`) admits a request only when all its blocks
+are free, and holds them to the end.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from paged_ref.cache_math import blocks_needed
 from paged_ref.engine import policy
@@ -38,6 +42,7 @@ from paged_ref.engine.policy import RESERVATIONS, admit_count, choose_victim, re
 from paged_ref.engine.request import Request, Status
 from paged_ref.memory.allocator import OutOfBlocksError, check_int
 from paged_ref.memory.manager import BlockOps, KVCacheManager
+from paged_ref.memory.tiers import host_tier_blocks
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -84,6 +89,8 @@ class Scheduler:
         max_num_batched_tokens: tokens computed per step at most (the token budget).
         enable_prefix_caching: share cached prompt blocks between requests.
         preemption_mode: ``"recompute"`` or ``"swap"``.
+        num_host_blocks, disk_tier: the tiers under the pool (``paged_ref.memory.tiers``):
+            host blocks (None: the pool's with ``"swap"``, else 0), a ``DiskTier`` or None.
         admit, choose_victim: the policy functions (see :mod:`paged_ref.engine.policy`).
         reservation: one of :data:`~paged_ref.engine.policy.RESERVATIONS`.
         max_model_len: the longest request (what ``"reserve_max"`` reserves); default the pool.
@@ -99,7 +106,8 @@ class Scheduler:
                  preemption_mode: str = "recompute", admit: Callable = admit_count,
                  choose_victim: Callable = choose_victim, reservation: str = "paged",
                  max_model_len: int | None = None, scheduling_policy: str = "fcfs",
-                 max_overtakes: int = 8) -> None:
+                 max_overtakes: int = 8, num_host_blocks: int | None = None,
+                 disk_tier=None) -> None:
         for name, value, allowed in (("preemption_mode", preemption_mode, PREEMPTION_MODES),
                                      ("reservation", reservation, RESERVATIONS),
                                      ("scheduling_policy", scheduling_policy,
@@ -116,10 +124,11 @@ class Scheduler:
         self.preemption_mode, self.reservation = preemption_mode, reservation
         self.scheduling_policy = scheduling_policy
         self.max_overtakes = check_int("max_overtakes", max_overtakes)
-        self.num_host_blocks = num_blocks if preemption_mode == "swap" else 0
+        self.num_host_blocks = host_tier_blocks(num_blocks, preemption_mode, num_host_blocks)
         self.manager = KVCacheManager(num_blocks, block_size,
                                       enable_prefix_caching=enable_prefix_caching,
-                                      num_host_blocks=self.num_host_blocks)
+                                      num_host_blocks=self.num_host_blocks, disk_tier=disk_tier)
+        self.disk_tier = disk_tier
         self.max_model_len = max_model_len or num_blocks * block_size
         self.admit, self.choose_victim = admit, choose_victim
         self.waiting: deque[Request] = deque()
@@ -155,6 +164,9 @@ class Scheduler:
                     i += 1
             if not out.preempted:
                 self._admit(budget, out)
+            if self.disk_tier is not None:  # start reading the next admissions' disk hits
+                for req in islice(self.waiting, self.max_num_seqs):
+                    self.manager.prefetch(req.tokens, req.block_hashes)
         except BaseException:
             self.rollback()
             raise

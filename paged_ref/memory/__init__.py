@@ -13,6 +13,7 @@ One module a job, from the pool up (vLLM v1 keeps the same rooms: ``FreeKVCacheB
 * :mod:`.manager` -- :class:`KVCacheManager`: sequences start, grow, fork (copy-on-write) and
   end against the pool; the block moves each step owes;
 * :mod:`.host_tier` -- where evicted cached blocks spill, and the moves each step owes;
-  :mod:`.disk_tier` -- the file below it (``DiskTier``); :mod:`.stats` -- ``CacheStats``;
+  :mod:`.disk_tier` -- the file below it (``DiskTier``); :mod:`.tiers` -- both sized and
+  checked from an engine's arguments; :mod:`.stats` -- ``CacheStats``;
 * :mod:`.storage` -- :class:`PagedKVCache`, the K/V tensors the tables point into.
 """

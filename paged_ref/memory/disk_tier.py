@@ -13,8 +13,7 @@ out (a spill or a prefetch makes a block recently used), the reads in flight.
 
     disk = DiskTier(tmp_dir, 64, block_shape=(2, 16, 16, 8, 64), dtype=torch.bfloat16)
     m = KVCacheManager(n, 16, enable_prefix_caching=True, num_host_blocks=8, disk_tier=disk)
-    cache = PagedKVCache(16, n, 16, 8, 64, dtype=torch.bfloat16, num_host_blocks=8,
-                         disk_tier=disk)
+    cache = PagedKVCache(16, n, 16, 8, 64, dtype=torch.bfloat16, num_host_blocks=8, disk_tier=disk)
     m.prefetch(next_prompt)   # reads start on a thread; add_sequence later waits for them
     disk.close()              # the file is removed (also on ``with DiskTier(...)`` and at exit)
 
@@ -39,7 +38,8 @@ kernel keeps pages that are mapped), which an honest cold read needs.
 
 Faults: a write that fails (``OSError``: a full disk, an I/O error) drops its block's hash, so
 nothing points at a half-written slot; a read that fails drops it too, and the lookup stops
-before it (those tokens are recomputed). ``stats`` of the manager counts both.
+before it (those tokens are recomputed); ``stats`` of the manager counts both. A read that
+raises anything else raises it in the lookup, and is forgotten (read again by the next one).
 """
 
 from __future__ import annotations
@@ -155,10 +155,8 @@ class DiskTier:
         self._slots = SlotLRU(self.num_blocks)
         self._unwritten: set[int] = set()  # held slots whose write is still owed
         self._ahead: dict[int, cf.Future | torch.Tensor] = {}  # slot -> its read (ahead)
-        self.bytes_read = 0  #: bytes read back from the file, over all reads
-        self.bytes_written = 0  #: bytes written to the file, over all spills
-        self.read_errors = 0  #: reads that failed (their blocks were dropped)
-        self.write_errors = 0  #: writes that failed (their blocks were dropped)
+        self.bytes_read = self.bytes_written = 0  #: bytes read from / written to the file, all
+        self.read_errors = self.write_errors = 0  #: reads / writes that failed (blocks dropped)
 
     # ---- what it holds ----------------------------------------------------------------------
 
@@ -207,9 +205,8 @@ class DiskTier:
     def discard(self, block_hash: Hashable) -> int | None:
         """Forget ``block_hash`` if it is here (its block is back on the device, or its bytes
         are bad); returns the slot it held, now free, or None."""
-        slot = self._slots.slot_of(block_hash)
+        slot = self._slots.pop(block_hash) if block_hash in self._slots else None
         if slot is not None:
-            self._slots.pop(block_hash)
             self._release(slot)
         return slot
 
@@ -260,6 +257,9 @@ class DiskTier:
                     self._ahead[slot] = self._finish(ahead)
                 except OSError:
                     failed.append(self._drop_unreadable(slot))
+                finally:  # (it raised another error: forgotten; Ctrl-C while it runs: kept)
+                    if self._ahead.get(slot) is ahead and ahead.done():
+                        del self._ahead[slot]
         return failed
 
     def load(self, hashes: Iterable[Hashable]) -> list[Hashable]:

@@ -324,18 +324,19 @@ class KVCacheManager(BlockTables):
         self._release_pinned()
         return ops
 
-    def prefetch(self, token_ids) -> int:
+    def prefetch(self, token_ids, hashes: list[bytes] | None = None) -> int:
         """Start reading (on the disk tier's threads) the blocks of ``token_ids``' cached prefix
         that are on the disk, so that :meth:`add_sequence` of it later waits only for what is
         left: call it a step or more ahead, for the next waiting request. No hit is counted,
         no block held. Returns how many reads started (0 without a disk tier). Raises
-        ``TypeError`` / ``ValueError`` if ``token_ids`` is not a list of token ids."""
-        tokens = check_tokens(token_ids)
+        ``TypeError`` / ``ValueError`` if ``token_ids`` is not a list of token ids (checked
+        unless ``hashes`` is given: a memo, as :meth:`num_cached_tokens` takes it)."""
+        tokens = check_tokens(token_ids) if hashes is None else token_ids
         if self._host is None or not tokens:
             return 0
-        hashes = self._prefix.chain(tokens)[: (len(tokens) - 1) // self.block_size]
-        hit = self._prefix.lookup(hashes, self._host)
-        return self._host.prefetch([h for h, b in zip(hashes, hit, strict=False) if b is None])
+        memo = [] if hashes is None else hashes
+        hit = self._prefix.cached_tokens(tokens, self._host, memo) // self.block_size
+        return self._host.prefetch(memo[:hit])  # (those on the disk: a block is in one tier)
 
     def ref_count(self, block_id: int) -> int:
         """How many sequences hold ``block_id`` (0 if none: free, evictable, or only kept

@@ -108,6 +108,7 @@ class PagedKVCache:
             raise ValueError(f"disk_tier must hold this cache's host blocks (num_host_blocks > 0, "
                              f"block_shape {host_block}, dtype {dtype}), got {disk_tier!r}")
         self.disk_tier = disk_tier
+        self._resume: tuple = (None, 0)  # (ops, the move it raised in): apply_block_ops
 
     @property
     def num_slots(self) -> int:
@@ -311,12 +312,17 @@ class PagedKVCache:
     def apply_block_ops(self, ops) -> None:
         """Run what ``KVCacheManager.take_block_ops()`` returned: writes to the disk tier,
         spills to the host, copies back from the disk and the host, then copy-on-writes (that
-        order: a block moved down may be reused as the destination of the others)."""
-        self._disk_moves(ops)
-        self.swap_out(ops.swap_out)
-        self.swap_in_blocks(ops.from_disk)
-        self.swap_in(ops.swap_in)
-        self.copy_blocks(ops.copies)
+        order: a block moved down may be reused as the destination of the others). Run again
+        on the same ``ops`` after it raised, it resumes at the kind of move that raised (a
+        spill run again after a copy back into its block would spill the new K/V)."""
+        moves = [(self._disk_moves, ops), (self.swap_out, ops.swap_out),
+                 (self.swap_in_blocks, ops.from_disk), (self.swap_in, ops.swap_in),
+                 (self.copy_blocks, ops.copies)]
+        done = self._resume[1] if self._resume[0] is ops else 0
+        for i, (move, pairs) in enumerate(moves[done:], done):
+            self._resume = (ops, i)  # (until it returns)
+            move(pairs)
+        self._resume = (None, 0)
 
     # ---- argument checks
 
@@ -363,19 +369,16 @@ class PagedKVCache:
                 raise TypeError(f"{name} must hold integers, got dtype {values.dtype}")
             return [int(x) for x in values.tolist()]
         if not isinstance(values, (list, tuple)):
-            raise TypeError(
-                f"{name} must be a list of ints or a 1-D integer tensor, "
-                f"got {type(values).__name__}"
-            )
+            raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
+                            f"{type(values).__name__}")
         return [check_int(f"{name}[{i}]", x, minimum=None) for i, x in enumerate(values)]
 
     def _slots(self, slot_mapping, num_tokens: int) -> torch.Tensor:
         """Checked ``slot_mapping`` as a long tensor on the cache's device."""
         slots = self._int_list("slot_mapping", slot_mapping)
         if len(slots) != num_tokens:
-            raise ValueError(
-                f"slot_mapping has {len(slots)} entries but k and v have {num_tokens} tokens"
-            )
+            raise ValueError(f"slot_mapping has {len(slots)} entries but k and v have "
+                             f"{num_tokens} tokens")
         for i, s in enumerate(slots):
             if not 0 <= s < self.num_slots:
                 raise ValueError(

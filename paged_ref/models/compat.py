@@ -5,7 +5,8 @@ output's field) to ``cache``; the old name still works there until 5.40, with a 
 warning. 5.17 knows only ``past_key_values`` and takes an unknown ``cache=`` into its
 ``**kwargs`` without a word: the cache stays empty. So code that fills a transformers cache
 asks the installed model which name it takes (:func:`cache_keyword`), or lets
-:func:`forward_into_cache` do it.
+:func:`forward_into_cache` do it. Configs differ too: some name ``head_dim``, others leave it
+to ``hidden_size // num_attention_heads`` (:func:`head_dim_of`).
 """
 
 from __future__ import annotations
@@ -51,3 +52,16 @@ def forward_into_cache(model, input_ids, cache, **kwargs):
         The model's output (its logits, ...).
     """
     return model(input_ids, use_cache=True, **{cache_keyword(model): cache}, **kwargs)
+
+
+def head_dim_of(config) -> int:
+    """A transformers config's attention head size: ``head_dim`` where it names one, else
+    ``hidden_size // num_attention_heads``."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def kv_block_shape(model, block_size: int) -> tuple[int, int, int, int, int]:
+    """One KV block of ``model`` (every layer's K and V) as the host and disk tiers hold it:
+    ``(2, num_layers, block_size, num_kv_heads, head_dim)``."""
+    cfg = model.config
+    return (2, len(model.model.layers), block_size, cfg.num_key_value_heads, head_dim_of(cfg))

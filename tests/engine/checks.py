@@ -85,3 +85,41 @@ def assert_running_kv_is_theirs(engine, model):
                 assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (
                     f"request {r.req_id}: layer {i} K/V differ from its own tokens' (max diff "
                     f"{(got - want).abs().max():.3g}): another sequence wrote into its blocks")
+
+
+@torch.inference_mode()
+def assert_tiers_hold_their_kv(engine, model, sequences):
+    """Every block the host and disk tiers hold (read back from the file) equals
+    transformers' K/V, every layer, of the tokens its hash names -- found among the leading
+    full blocks of ``sequences`` (token id lists): nothing moved down half-written, from
+    another block, or under a hash of tokens no request had. Returns how many were checked."""
+    from transformers import DynamicCache
+
+    from paged_ref.memory.prefix_cache import hash_block_tokens
+    from paged_ref.models.compat import forward_into_cache
+
+    host, bs = engine.scheduler.manager._host, engine.block_size
+    if host is None:
+        return 0
+    tokens_of, kv_of = {}, {}
+    for seq in sequences:
+        block_hash = None
+        for j in range(len(seq) // bs):
+            block_hash = hash_block_tokens(block_hash, seq[j * bs:(j + 1) * bs])
+            tokens_of[block_hash] = seq[:(j + 1) * bs]
+    held = [(h, engine.runner.cache.host_kv[host.slot_of(h)]) for h in host.hashes()]
+    if host.disk is not None:
+        held += [(h, host.disk.peek(h)) for h in host.disk.hashes() if host.disk.readable(h)]
+    for block_hash, got in held:
+        assert block_hash in tokens_of, "a tier holds a hash of tokens no request had"
+        tokens = tuple(tokens_of[block_hash])
+        if tokens not in kv_of:
+            kv = DynamicCache(config=model.config)
+            forward_into_cache(model, torch.tensor([list(tokens)]), kv)
+            kv_of[tokens] = torch.stack([torch.stack([x[0, :, -bs:].transpose(0, 1) for x in
+                                                      (layer.keys, layer.values)])
+                                         for layer in kv.layers], dim=1)  # [2, L, bs, Hkv, D]
+        assert torch.allclose(got, kv_of[tokens], atol=1e-4, rtol=1e-4), (
+            f"a tier holds other K/V for tokens {list(tokens[-bs:])} (max diff "
+            f"{(got - kv_of[tokens]).abs().max():.3g})")
+    return len(held)

@@ -86,6 +86,18 @@ def plant(mp, obj, name: str, at: int, exc: type[BaseException] = Boom) -> list[
     return calls
 
 
+def fail_once(mp, target: tuple, at: int, exc: type[BaseException], run) -> None:
+    """``run()`` while ``target`` (``(object, attribute)``) raises ``exc`` on its ``at``-th
+    call (``plant``); the test is skipped where ``run`` calls it fewer times."""
+    with mp.context() as inner:
+        calls = plant(inner, *target, at, exc)
+        try:
+            run()
+        finally:
+            if calls[0] < at:
+                pytest.skip(f"{target[1]} is called only {calls[0]} times here")
+
+
 @pytest.fixture(scope="module")
 def case(tiny):
     prompts, outputs = workload(6, tiny.config.vocab_size, seed=23, prompt_mean=10,
@@ -132,16 +144,9 @@ def test_a_fault_in_generate_loses_nothing(tiny, case, monkeypatch, config, poin
     engine = Engine(tiny, **CONFIGS[config])
     prompts, outputs, _ = case
 
-    def fire(engine):
-        with monkeypatch.context() as mp:
-            calls = plant(mp, *POINTS[point](engine, tiny), at, exc)
-            try:
-                engine.generate(prompts, outputs, ignore_eos=True)
-            finally:
-                if calls[0] < at:
-                    pytest.skip(f"{point} is called only {calls[0]} times here")
-
-    survives(engine, tiny, case, fire)
+    survives(engine, tiny, case, lambda e: fail_once(
+        monkeypatch, POINTS[point](e, tiny), at, exc,
+        lambda: e.generate(prompts, outputs, ignore_eos=True)))
 
 
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt], ids=lambda e: e.__name__)

@@ -76,18 +76,29 @@ CONFIGS = {
     "short_model_len": dict(max_model_len=3),
     "tiny_budget": dict(max_num_batched_tokens=3),
     "prefix_policy": dict(scheduling_policy="prefix", max_overtakes=2),
+    # (a pool the dummies overflow: their blocks would go down to the disk; short prompts)
+    "three_tiers": dict(num_blocks=5, num_host_blocks=1, num_disk_blocks=16),
 }
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_after_warmup_the_engine_is_a_fresh_one(tiny, name):
+def _config(name: str, folder) -> tuple[dict, list[list[int]], int]:
+    """Configuration ``name``'s engine arguments (a disk tier in ``folder``), prompts and new
+    tokens per prompt."""
     kw = POOL | CONFIGS[name]
+    if "num_disk_blocks" in kw:
+        return kw | {"disk_path": folder}, [p[:8] for p in _prompts()], 4
+    if name == "short_model_len":
+        return kw, [p[:1] for p in _prompts()], 2
+    return kw, _prompts(), 6
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_after_warmup_the_engine_is_a_fresh_one(tiny, name, tmp_path):
+    kw, prompts, new = _config(name, tmp_path)
     warm, fresh = Engine(tiny, **kw), Engine(tiny, **kw)
     assert warm.warmup_seconds == fresh.warmup_seconds == 0.0  # (a CPU: off by default)
     moved = _warm(warm)
-    short = name == "short_model_len"
-    prompts = [p[:1] for p in _prompts()] if short else _prompts()
-    assert moved + _differences(warm, fresh, prompts, new=2 if short else 6) == []
+    assert moved + _differences(warm, fresh, prompts, new=new) == []
 
 
 def test_warmup_at_construction_and_its_argument(tiny):
@@ -154,19 +165,23 @@ def test_waves_fit_the_engine_and_never_hit_the_prefix_cache():
         assert len(ids) + params.max_tokens - 1 <= 3
 
 
-# (planted mistake in Engine.warmup, old text, new text)
+# (planted mistake in Engine.warmup, old text, new text, configuration)
 PLANTED = [
     ("warmup on the engine's own scheduler: its prompts' hashes stay cached",
-     "self.scheduler = copy.deepcopy(self.scheduler)", "pass"),
+     "self.scheduler = copy.deepcopy(self.scheduler, {id(self.disk_tier): None})", "pass",
+     "default"),
     ("request ids not reset", "(self.scheduler, self.stats), self._next_id, self._last = "
-     "kept, 0, ()", "(self.scheduler, self.stats), self._last = kept, ()"),
+     "kept, 0, ()", "(self.scheduler, self.stats), self._last = kept, ()", "default"),
     ("the global RNG not restored", "with torch.random.fork_rng(devices=cuda):",
-     "with torch.no_grad():"),
+     "with torch.no_grad():", "default"),
+    ("the dummies share the disk tier: their blocks stay in its file",
+     "{id(self.disk_tier): None}", "{id(self.disk_tier): self.disk_tier}", "three_tiers"),
 ]
 
 
-@pytest.mark.parametrize("old, new", [p[1:] for p in PLANTED], ids=[p[0] for p in PLANTED])
-def test_planted_warmup_mistakes_are_caught(tiny, old, new, tmp_path, monkeypatch):
+@pytest.mark.parametrize("old, new, name", [p[1:] for p in PLANTED], ids=[p[0] for p in PLANTED])
+def test_planted_warmup_mistakes_are_caught(tiny, old, new, name, tmp_path, monkeypatch):
     mutant = mutant_of(engine_module, [(old, new)], tmp_path, monkeypatch)
-    warm, fresh = mutant.Engine(tiny, **POOL), Engine(tiny, **POOL)
-    assert _warm(warm) + _differences(warm, fresh, _prompts()) != []
+    kw, prompts, tokens = _config(name, tmp_path)
+    warm, fresh = mutant.Engine(tiny, **kw), Engine(tiny, **kw)
+    assert _warm(warm) + _differences(warm, fresh, prompts, new=tokens) != []

@@ -159,6 +159,27 @@ def test_a_read_failing_half_way_drops_its_block(folder, monkeypatch, workers):
         assert torch.equal(disk.take(keys[2]), written[2])
 
 
+def test_a_read_ahead_that_raises_another_error_is_read_again(folder, monkeypatch):
+    """Not an I/O error (a bug, memory): it raises in the lookup that waits for it, and is
+    forgotten, so the next lookup reads the block again instead of raising it forever."""
+    with DiskTier(folder, 2, SHAPE, torch.float32, workers=2) as disk:
+        (h,) = hashes(1)
+        block, real, calls = spill(disk, h), disk_module._read_into, [0]
+
+        def once(fd, buf, offset):
+            calls[0] += 1
+            if calls[0] == 1:
+                raise RuntimeError("planted: not an I/O error")
+            real(fd, buf, offset)
+
+        monkeypatch.setattr(disk_module, "_read_into", once)
+        assert disk.prefetch([h]) == 1
+        with pytest.raises(RuntimeError, match="planted"):
+            disk.load([h])
+        assert disk.readable(h) and disk.read_errors == 0  # (kept: its bytes are fine)
+        assert disk.load([h]) == [] and torch.equal(disk.take(h), block) and calls[0] == 2
+
+
 def test_take_without_load_reads_now_and_a_failure_drops_the_hash(folder, monkeypatch):
     with DiskTier(folder, 2, SHAPE, torch.float32, workers=0) as disk:
         (h,) = hashes(1)

@@ -321,6 +321,49 @@ def test_disk_moves_need_a_cache_with_the_disk_tier(tmp_path):
     r.disk.close()
 
 
+def test_moves_run_again_after_a_fault_resume_where_it_raised():
+    """A step spills device block 0 to host slot 0 and copies host slot 1 back into block 0;
+    the copy-on-write after them raises. Run again (the engine does, before it rolls back),
+    the moves resume at the copy-on-write: the spill is not run again over block 0's new K/V."""
+    from paged_ref.memory.host_tier import BlockOps
+
+    cache = PagedKVCache(LAYERS, 3, 2, HEADS, DIM, dtype=torch.float32, num_host_blocks=2)
+    cache.kv.normal_()
+    cache.host_kv.normal_()
+    spilled, back = cache.kv[:, :, 0].clone(), cache.host_kv[1].clone()
+    ops = BlockOps([(0, 0)], [(1, 0)], [(1, 2)])
+    real, calls = cache.copy_blocks, []
+
+    def raising_once(pairs):
+        calls.append(pairs)
+        if len(calls) == 1:
+            raise RuntimeError("planted: a failed copy")
+        real(pairs)
+
+    cache.copy_blocks = raising_once
+    with pytest.raises(RuntimeError, match="planted"):
+        cache.apply_block_ops(ops)
+    cache.apply_block_ops(ops)
+    assert torch.equal(cache.host_kv[0], spilled), "the spill ran again over the copy back"
+    assert torch.equal(cache.kv[:, :, 0], back) and torch.equal(cache.kv[:, :, 2],
+                                                                 cache.kv[:, :, 1])
+    cache.apply_block_ops(ops)  # (a new call on the same ops after a success: all of them)
+    assert len(calls) == 3
+
+
+def test_prefetch_with_a_memo_starts_the_same_reads(tmp_path):
+    """``prefetch(tokens, hashes)`` (the scheduler's, with a request's memo) = ``prefetch``."""
+    runs = [Run(tmp_path, num_blocks=5, block_size=1, host=1, disk=4, workers=2)
+            for _ in range(2)]
+    prompt, memo = [1, 2, 3, 4, 5], []
+    for r in runs:
+        r.add("a", prompt)
+        r.m.free_sequence("a")
+        r.evict()
+    assert runs[0].m.prefetch(prompt) == runs[1].m.prefetch(prompt, memo) == 3
+    assert memo == blocks_of(runs[1], prompt)[:4] and runs[1].m.prefetch(prompt, memo) == 0
+
+
 def test_prefetch_without_a_disk_tier_or_with_bad_tokens():
     m = KVCacheManager(4, 2, enable_prefix_caching=True, num_host_blocks=1)
     assert m.prefetch([1, 2, 3]) == 0 and KVCacheManager(4, 2).prefetch([1, 2, 3]) == 0
@@ -379,8 +422,8 @@ PLANTED = {
         "        self._host is not None and self._host.load(hashes, hit)\n"
         "        shared, fresh = self._check_fit(seq_id, num_tokens, hit)  #", "manager"),
     "disk writes run after the spills to the host": (
-        storage_module, "        self._disk_moves(ops)\n        self.swap_out(ops.swap_out)\n",
-        "        self.swap_out(ops.swap_out)\n        self._disk_moves(ops)\n", "cache"),
+        storage_module, "moves = [(self._disk_moves, ops), (self.swap_out, ops.swap_out),",
+        "moves = [(self.swap_out, ops.swap_out), (self._disk_moves, ops),", "cache"),
     "a block pushed off the host in its own step is written from its host slot": (
         host_module, '("device", owed[0]) if owed else ("host", slot)', '("host", slot)',
         "host tier"),
