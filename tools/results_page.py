@@ -18,48 +18,49 @@ PAGE = RESULTS / "README.md"
 
 #: One line per file: what it holds and who reads it (every file under results/ is listed).
 FILES = {
-    "h200/decode.json": "decode suite: every case, backend and peer (lessons 04-08, README)",
+    "h200/decode.json": "decode suite, every backend and peer (04-08)",
     "h200/decode.png": "plot of decode.json",
-    "h200/decode_gather.json": "decode run with the `torch` gather backend's rows (lesson 03)",
-    "h200/decode_launch_path.json": "decode after the GPU-side checks and short launch path (06)",
-    "h200/launch_path.json": "host microseconds inside one Triton launch, B4_L2048 (06)",
-    "h200/host_path.json": "the planned call's host path vs FlashInfer's run(), B4_L2048 (06)",
+    "h200/decode_gather.json": "decode with the torch gather rows (03)",
+    "h200/decode_launch_path.json": "decode after the GPU-side checks (06)",
+    "h200/launch_path.json": "host µs inside one Triton launch (06)",
+    "h200/host_path.json": "planned call vs FlashInfer run(), B4 (06)",
     "h200/page_size.json": "block sizes 1-256 on B64_L4096 (06)",
-    "h200/chunks.json": "split-KV chunk-count sweep (05)",
-    "h200/tune_configs.json": "tile x warps x stages sweep of the Triton kernels (05)",
-    "h200/prefill.json": "prefill suite: TFLOP/s vs FlashInfer and SDPA, tile sweep (08)",
-    "h200/prefill_quant.json": "prefill over FP8 / INT4 caches (10)",
-    "h200/quant.json": "quant suite: decode over FP8 / INT4 caches, Triton, CUDA, FlashInfer (10)",
+    "h200/chunks.json": "split-KV chunk counts (05)",
+    "h200/tune_configs.json": "Triton tile sweep (05)",
+    "h200/prefill.json": "prefill suite (08)",
+    "h200/prefill_quant.json": "prefill, FP8 / INT4 caches (10)",
+    "h200/quant.json": "decode, FP8 / INT4 caches (10)",
     "h200/quant.png": "plot of quant.json",
-    "h200/engine.json": "engine suite: throughput, decode step, fit sweep, random weights (09)",
+    "h200/engine.json": "engine suite (09)",
     "h200/engine.png": "plot of engine.json",
-    "h200/engine_smollm2_real.json": "engine suite on SmolLM2's real bf16 weights (09)",
-    "h200/engine_smollm2_same_machine.json": "real vs random weights, one machine, one run (09)",
-    "h200/engine_formats.json": "the same KV memory in each cache format, in the engine (10)",
-    "h200/format_step.json": "each format's decode step and kernels a layer (10)",
-    "h200/quant_smollm2_bf16_auto.json": "SmolLM2 bf16 perplexity per format, kernels (10)",
-    "h200/quant_smollm2_bf16_torch.json": "the same scored by the torch backend (10)",
-    "h200/quant_lm_layer_error.json": "attention error on SmolLM2's own q/K/V (10)",
-    "h200/offload.json": "copy a cached prefix back from host vs recompute it (07)",
+    "h200/engine_smollm2_real.json": "engine on SmolLM2's real weights (09)",
+    "h200/engine_smollm2_same_machine.json": "real vs random weights (09)",
+    "h200/engine_formats.json": "engine per cache format (10)",
+    "h200/format_step.json": "decode step per format (10)",
+    "h200/quant_smollm2_bf16_auto.json": "SmolLM2 perplexity per format (10)",
+    "h200/quant_smollm2_bf16_torch.json": "the same, torch backend (10)",
+    "h200/quant_lm_layer_error.json": "error on SmolLM2's q/K/V (10)",
+    "h200/offload.json": "host copy vs recompute (07)",
     "h200/fp8_triton_study.json": "why Triton's FP8 / INT4 decode is not 2x (10a)",
     "h200/cuda_kernels_study.json": "the CUDA kernels' design steps and counters (10b)",
     "h200/short_calls_study.json": "timing short calls (10c)",
     "h200/serving.json": "latency vs request rate per reservation policy (12)",
     "h200/serving.png": "plot of serving.json",
-    "h200/warmup.json": "engine: first vs second generate after Engine.warmup",
-    "h200x2/transfer.json": "KV blocks between two H200s: packed, per layer, per block (11)",
-    "cpu/sharing.json": "memory saved by sharing blocks, simulated (07)",
+    "h200/warmup.json": "first vs second generate (09)",
+    "h200/suite.log": "the suite on the H200",
+    "h200x2/transfer.json": "KV blocks between two H200s (11)",
+    "cpu/sharing.json": "sharing savings, simulated (07)",
     "cpu/sharing_engine.json": "measured in the engine (07)",
-    "cpu/scheduling.json": "prefix-aware admission vs FCFS, simulated; table in docs/engine.md",
-    "cpu/quant_accuracy.json": "attention error per KV format (10)",
-    "cpu/quant_smollm2.json": "SmolLM2 float32 perplexity and agreement per format (10)",
-    "cpu/quant_smollm2_noise.json": "bf16 perplexity under attention noise (10)",
-    "cpu/sm90_sass_mix.json": "SASS instruction mix of the Triton decode kernels, sm_90 (10a)",
+    "cpu/scheduling.json": "prefix-aware vs FCFS (12)",
+    "cpu/quant_accuracy.json": "error per KV format (10)",
+    "cpu/quant_smollm2.json": "SmolLM2 float32 per format (10)",
+    "cpu/quant_smollm2_noise.json": "perplexity under noise (10)",
+    "cpu/sm90_sass_mix.json": "SASS mix, sm_90 (10a)",
 }
 #: Listed once its GPU run is committed (``python -m paged_bench tiers`` on the H200).
 TIERS = "h200/tiers.json"
 if (RESULTS / TIERS).exists():
-    FILES[TIERS] = "a cached prefix back from the disk tier vs the host tier vs recomputed (07, 09)"
+    FILES[TIERS] = "disk vs host vs recompute (09)"
 
 
 def load(name: str) -> dict:
@@ -213,11 +214,10 @@ def index_section() -> str:
 
 
 def page() -> str:
-    parts = ["# Results\n\nThe current measurements the lessons and the README read: one JSON "
-             "(+ plot) per suite and GPU kind, each stamped with GPU, versions, date and commit. "
-             "History is git's; what earlier probes found is in "
-             "[docs/lab_notes.md](../docs/lab_notes.md). This page is generated by "
-             "`python tools/results_page.py` from the files.",
+    parts = ["# Results\n\nThe current measurements the lessons read: one JSON (+ plot) per "
+             "suite and GPU kind, stamped with GPU, versions, date and commit. Earlier findings: "
+             "[docs/lab_notes.md](../docs/lab_notes.md). Generated by "
+             "`python tools/results_page.py`.",
              decode_section(), prefill_section(), quant_section(), engine_section(),
              serving_section(), transfer_section(), sharing_section(),
              *([tiers_section()] if TIERS in FILES else []), index_section()]

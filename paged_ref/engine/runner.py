@@ -269,12 +269,15 @@ class ModelRunner:
     @staticmethod
     @torch.inference_mode()
     def _capture_one(step, pool):
-        """Run ``step`` once (Triton compiles, cuBLAS picks kernels), then capture it."""
+        """Run ``step`` once (Triton compiles, cuBLAS picks kernels), capture it, and replay it
+        once: a graph's first launch also uploads it to the GPU, which would otherwise land in
+        the first ``generate`` (the static buffers still hold the scratch slot, length 0)."""
         step()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             step()
+        graph.replay()
         torch.cuda.synchronize()
         return graph
 
