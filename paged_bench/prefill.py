@@ -6,7 +6,8 @@ Prefill is compute-bound, so the yardstick is TFLOP/s, not GB/s:
 2. Runs each backend on the prefill cases below (bf16, 32 query / 8 KV heads, head_dim 128,
    block 16): ``triton`` (our kernel, launched directly on inputs checked once, like a serving
    engine that validates a step once), ``auto`` (the public ``paged_prefill``, checks
-   included), ``torch`` (the reference, where it fits in memory), and the peers installed:
+   included), ``auto_planned`` (the public call with a :func:`paged_ref.plan_prefill` made once:
+   no value read back), ``torch`` (the reference, where it fits in memory), and the peers:
    FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper`` (NHD, page 16; ``plan`` outside the
    timing) and PyTorch SDPA (flash, causal) on a contiguous cache (no paging: the ceiling).
    FLOPs are counted exactly for the causal mask (:func:`paged_ref.cache_math.attention_flops`).
@@ -46,7 +47,7 @@ CASES: dict[str, list[tuple[int, int]]] = {
     "P32_chunk512_ctx8192": [(8192 + 512, 512)] * 32,
     "mixed_P4_L2048_D64_ctx4096": [(2048, 2048)] * 4 + [(4096, 1)] * 64,
 }
-OURS = ("torch", "triton", "auto")
+OURS = ("torch", "triton", "auto", "auto_planned")
 PEERS = ("flashinfer", "sdpa_contiguous")
 #: The torch reference materialises [heads, q_len, seq_len] fp32 scores per sequence.
 TORCH_MAX_SCORE_BYTES = 8 << 30
@@ -104,6 +105,7 @@ def reference_rows(inp: PrefillInputs):
 def our_runners(inp, pairs, backends, configs):
     from paged_ref.kernels.triton.prefill import paged_prefill_triton
     from paged_ref.prefill import paged_prefill, prefill_attention_torch
+    from paged_ref.prefill_plan import plan_prefill
 
     args = inp.args()
     q_lens = [q for _, q in pairs]
@@ -119,6 +121,12 @@ def our_runners(inp, pairs, backends, configs):
                                                                  config=c, out=out))
     if "auto" in backends:
         runners["auto"] = ("auto", {"includes_checks": True}, lambda: paged_prefill(*args))
+    if "auto_planned" in backends:  # plan_prefill once (as FlashInfer's plan()), then the call
+        plan = plan_prefill(q_lens, [s for s, _ in pairs], num_q_heads=inp.q.shape[1],
+                            num_kv_heads=inp.k_cache.shape[2], head_dim=inp.q.shape[2],
+                            block_size=inp.k_cache.shape[1], dtype=inp.q.dtype,
+                            device=inp.q.device, kv_format=getattr(inp.k_cache, "format", None))
+        runners["auto_planned"] = ("auto_planned", {}, lambda: paged_prefill(*args, plan=plan))
     score_bytes = max(SHAPE["num_q_heads"] * q * s * 4 for s, q in pairs)
     if "torch" in backends and score_bytes <= TORCH_MAX_SCORE_BYTES:
         runners["torch"] = ("torch", {}, lambda: prefill_attention_torch(*args))

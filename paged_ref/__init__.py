@@ -5,6 +5,7 @@ Memory management (plain Python): :class:`BlockAllocator`, :class:`KVCacheManage
 Attention: :func:`paged_attention` with backends ``"torch"``,
 ``"triton"``, ``"triton_split"`` and ``"auto"``;
 :func:`paged_prefill` for many query tokens per sequence (prompts, chunks, prefix hits);
+:func:`plan_decode` / :func:`plan_prefill` plan a batch once, from its lengths on the host;
 :func:`write_kv` stores new tokens' K/V through the slot mapping.
 Layouts: docs/contract.md and the docstrings.
 """
@@ -17,6 +18,7 @@ from paged_ref.kv_write import write_kv
 from paged_ref.memory.manager import KVCacheManager, hash_block_tokens
 from paged_ref.plan import DecodePlan, plan_decode
 from paged_ref.prefill import paged_prefill
+from paged_ref.prefill_plan import PrefillPlan, plan_prefill
 from paged_ref.quant import KVFormat, QuantizedKV, dequantize, quantize
 from paged_ref.memory.storage import PagedKVCache
 from paged_ref.memory.disk_tier import DiskTier
@@ -30,12 +32,14 @@ __all__ = [
     "KVFormat",
     "OutOfBlocksError",
     "PagedKVCache",
+    "PrefillPlan",
     "QuantizedKV",
     "dequantize",
     "hash_block_tokens",
     "paged_attention",
     "paged_prefill",
     "plan_decode",
+    "plan_prefill",
     "quantize",
     "write_kv",
 ]

@@ -230,6 +230,25 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+def check_plan_sizes(num_q_heads, num_kv_heads, head_dim, block_size, dtype,
+                     device) -> tuple[dict[str, int], torch.device]:
+    """A plan's sizes (ints >= 1, ``num_q_heads % num_kv_heads == 0``), dtype and device (a
+    bare ``"cuda"`` made the current GPU): ``({name: size}, device)``; TypeError or
+    ValueError naming the argument."""
+    sizes = {name: _positive_int(name, value) for name, value in (
+        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+        ("block_size", block_size))}
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
+                         f"({num_kv_heads})")
+    if dtype not in CACHE_DTYPES:
+        raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return sizes, device
+
+
 def host_lengths(seq_lens) -> list[int]:
     """Host lengths as a list of Python ints.
 
@@ -298,17 +317,8 @@ def plan_decode(
         ``device`` here (named).
     """
     lens = host_lengths(seq_lens)
-    sizes = {name: _positive_int(name, value) for name, value in (
-        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-        ("block_size", block_size))}
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
-                         f"({num_kv_heads})")
-    if dtype not in CACHE_DTYPES:
-        raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    sizes, device = check_plan_sizes(num_q_heads, num_kv_heads, head_dim, block_size, dtype,
+                                     device)
     scale = check_scale(scale)
     for b, n in enumerate(lens):
         if n < 0:

@@ -32,10 +32,9 @@ from paged_ref import _device
 from paged_ref.attention import run_plan
 from paged_ref.cache_math import default_scale, token_slots
 from paged_ref.plan import UNREADABLE, make_plan, triton_reads
+from paged_ref.prefill_plan import PREFILL_BACKENDS, PrefillPlan, check_planned_prefill
 from paged_ref.reference import float64_slots, gather_kv
 from paged_ref.validation import PrefillLengths, check_prefill_inputs
-
-PREFILL_BACKENDS = ("auto", "torch", "triton")
 
 
 def prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
@@ -149,6 +148,7 @@ def paged_prefill(
     scale: float | None = None,
     causal: bool = True,
     backend: str = "auto",
+    plan: PrefillPlan | None = None,
 ) -> torch.Tensor:
     """Prefill / chunked-prefill attention over a paged KV cache.
 
@@ -168,6 +168,9 @@ def paged_prefill(
         causal: True: row ``i`` of sequence ``b`` sees positions ``0 .. seq_lens[b] - q_len_b
             + i``; False: every row sees all ``seq_lens[b]`` positions.
         backend: ``"auto"`` (default), ``"torch"`` or ``"triton"``.
+        plan: from :func:`paged_ref.plan_prefill` for these lengths: then only shapes,
+            dtypes and devices are checked, no value is read back (the plan holds the
+            backend, scale and causal: leave those arguments at their defaults).
 
     Returns:
         ``[total_query_tokens, num_q_heads, head_dim]`` in q's dtype, contiguous. NaN or inf
@@ -177,6 +180,9 @@ def paged_prefill(
         TypeError: bad types or dtypes. ValueError: bad shapes, devices or values, or a
         backend that cannot run on these tensors here (each named).
     """
+    if plan is not None:
+        return _planned(plan, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                        scale=scale, causal=causal, backend=backend)
     if backend not in PREFILL_BACKENDS:
         raise ValueError(f"backend must be one of {PREFILL_BACKENDS}, got {backend!r}")
     if not isinstance(causal, bool):
@@ -201,6 +207,29 @@ def paged_prefill(
 
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                 scale=scale, causal=causal, query_lens=lengths.query_lens)
+
+
+def _planned(plan, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, **given):
+    """``paged_prefill(..., plan=plan)``: the metadata checked against the plan, then the
+    planned backend on the plan's host lengths (no value read back)."""
+    set_too = [k for k, v in given.items() if v != {"scale": None, "causal": True,
+                                                      "backend": "auto"}[k]]
+    if set_too:
+        raise ValueError(f"{', '.join(set_too)}: the plan's (plan_prefill(..., "
+                         f"{set_too[0]}=...)), not given with plan=")
+    check_planned_prefill(plan, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    if plan.backend == "decode":
+        return run_plan(plan.decode, q, k_cache, v_cache, block_tables, seq_lens)
+    lengths = PrefillLengths(list(plan.seq_lens), list(plan.query_lens))
+    if plan.backend == "torch":
+        return prefill_attention_torch(q, k_cache, v_cache, block_tables, seq_lens,
+                                       query_start_loc, scale=plan.scale, causal=plan.causal,
+                                       lengths=lengths)
+    from paged_ref.kernels.triton.prefill import paged_prefill_triton
+
+    return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                scale=plan.scale, causal=plan.causal,
+                                query_lens=lengths.query_lens)
 
 
 __all__ = [

@@ -104,7 +104,8 @@ def decode_section() -> str:
 
 def prefill_section() -> str:
     d = load("h200/prefill.json")
-    cols = ["auto", "triton", "flashinfer", "sdpa_contiguous"]
+    cols = [b for b in ("auto", "auto_planned", "triton", "flashinfer", "sdpa_contiguous")
+            if any(r["backend"] == b for r in d["results"])]  # (columns with a row)
     rows = []
     for case in cases_of(d["results"]):
         found = [best(d["results"], case, b) for b in cols]

@@ -5,7 +5,7 @@ and replaces attention and the cache. A layer is about ten kernels (the ops of
 :mod:`paged_ref.models.fused`; ``h`` the residual stream, ``x`` its normalised copy)::
 
     qkv = x @ W_qkv;  q = rope_write_kv(qkv, ...)   # q, k rotated; k, v stored at their slots
-    a = paged_prefill(q, cache, ...)  or  paged_attention(q, cache, ..., plan)   # decode
+    a = paged_prefill(q, cache, ..., plan)  or  paged_attention(q, cache, ..., plan)  # planned
     h, x = h + o_proj(a), post_attention_layernorm;  m = silu(x @ W_gate) * (x @ W_up)
     h, x = h + down_proj(m), the next layer's input_layernorm (the final norm last)
 
@@ -26,13 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from paged_ref import paged_prefill, plan_decode, plan_prefill
 from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
 from paged_ref.memory.storage import PagedKVCache
 from paged_ref.models import fused
 from paged_ref.models.compat import head_dim_of
-from paged_ref.plan import plan_decode
-from paged_ref.prefill import paged_prefill
 from paged_ref.sampling.sampler import SamplingBatch, sample
 
 
@@ -106,7 +105,6 @@ class ModelRunner:
         self.gate_up = [fused.fuse_linears(layer.mlp.gate_proj, layer.mlp.up_proj)
                         for layer in self.layers]
         self.block_size = block_size
-        self.backend = attention_backend
         self.cache = PagedKVCache(len(self.layers), num_blocks + 1, block_size,
                                   cfg.num_key_value_heads, self.head_dim, dtype=self.dtype,
                                   device=self.device, num_host_blocks=num_host_blocks,
@@ -225,8 +223,10 @@ class ModelRunner:
             return lambda i, q: paged_attention(q, c.k_caches[i], c.v_caches[i], tables,
                                                 seq_lens, plan=plan)
         qsl = torch.tensor(step.query_start_loc, dtype=torch.int32, device=self.device)
+        plan = plan_prefill(np.diff(step.query_start_loc).tolist(), step.seq_lens,
+                            **self.plan_args)  # one plan a step: no layer reads a value back
         return lambda i, q: paged_prefill(q, c.k_caches[i], c.v_caches[i], tables, seq_lens,
-                                          qsl, scale=self.scale, backend=self.backend)
+                                          qsl, plan=plan)
 
     def _tables(self, block_tables: list[list[int]], rows: int) -> torch.Tensor:
         """Block tables as int32 ``[rows, longest]`` (short rows, padding rows: 0, never read)."""

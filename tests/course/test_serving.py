@@ -393,9 +393,13 @@ def test_points_sized_in_seconds_arrive_over_the_span_at_every_rate():
     """``span_s``: each point has ``rate x span`` requests (at least ``min_requests``), so its
     arrivals last ~``span_s`` at every rate; a fixed count would arrive in 40 / rate seconds
     (a burst at high rates) -- the mistake the 2026-12-02 H200 run made on Alpaca-like."""
+    class Engine(FakeEngine):  # (the driver's default params: SamplingParams, not a length)
+        def add_request(self, prompt_ids, params, *, arrival_time=None):
+            return super().add_request(prompt_ids, params.max_tokens, arrival_time=arrival_time)
+
     trace = workload.make_trace("Alpaca-like", 600, 1.0, seed=3, max_len=256)
     kept: list = []
-    sweep.sweep_policy(FakeEngine, trace, [2.0, 20.0, 100.0], lambda: driver.SimulatedClock(
+    sweep.sweep_policy(Engine, trace, [2.0, 20.0, 100.0], lambda: driver.SimulatedClock(
         CostModel(1e-3, 0, 0, 0)), keep=kept, span_s=5.0, min_requests=40)
     assert [len(r.requests) for r in kept] == [40, 100, 500]
     spans = [r.trace.duration_s for r in kept]
