@@ -3,7 +3,8 @@
 # which need Jupyter and Chromium; tools/gpu/notebooks.sh runs the lessons there as plain
 # Python): every Triton kernel compiled, the CUDA kernels, the engine with CUDA graphs.
 # Writes $OUT/suite.log, stamped with GPU, versions, date and commit (results/h200/suite.log).
-# Carry .whl (hypothesis, sortedcontainers, pytest-xdist, execnet, ...) and build/cubins.tar.xz.
+# Carry .whl (hypothesis, sortedcontainers, pytest-xdist, execnet, ...) and build/cubins.tar.xz
+# (and build/triton_cache.tar.xz, the $OUT/triton_cache.tar.xz of an earlier call, if any).
 #   PAGED_REF_COMMIT=<hash> bash tools/gpu/suite.sh [pytest arguments]
 # SUITE_TESTS="tests/a.py tests/b.py::test_c" runs those instead of the whole of tests/.
 set -uo pipefail
@@ -17,6 +18,13 @@ export PYTHONPATH=$PWD:/tmp/site CUDA_HOME=$(dirname "$(dirname "$(which nvcc)")
 if [ -f build/cubins.tar.xz ]; then
     mkdir -p build && tar -C build -xJf build/cubins.tar.xz && export PAGED_REF_CACHE=$PWD/build/cubins
 fi
+# Triton's cache from an earlier call (build/triton_cache.tar.xz, carried): kernels unchanged
+# since are loaded, not compiled again (most of the compiled suite's time). Written back below.
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f build/triton_cache.tar.xz ]; then
+    tar -C "$TRITON_CACHE_DIR" -xJf build/triton_cache.tar.xz
+fi
 LOG="$OUT/suite.log"
 export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (tests/conftest.py)
 {
@@ -28,3 +36,5 @@ export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (t
 timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore=tests/browser -q -ra \
     -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist loadfile "$@" 2>&1 \
     | grep -v "^tests/.*PASSED" | tee -a "$LOG" | tail -25
+# The cache for the next call (copy it to build/triton_cache.tar.xz and carry it).
+tar -C "$TRITON_CACHE_DIR" -cJf "$OUT/triton_cache.tar.xz" . 2>/dev/null || true
