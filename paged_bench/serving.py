@@ -117,7 +117,8 @@ def fit_to_budget(rows: list[dict], budget_s: float) -> list[dict]:
         worst = max(longer, key=lambda r: r["est_s"][0])
         log(f"  over budget: dropping {worst['policy']} / {worst['dataset']} at "
             f"{worst['rates'][0]:.3g} req/s (~{worst['est_s'][0]:.0f} s)")
-        worst["rates"], worst["est_s"] = worst["rates"][1:], worst["est_s"][1:]
+        for key in ("rates", "requests", "est_s"):
+            worst[key] = worst[key][1:]
     return rows
 
 

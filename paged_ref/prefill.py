@@ -212,8 +212,8 @@ def paged_prefill(
 def _planned(plan, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, **given):
     """``paged_prefill(..., plan=plan)``: the metadata checked against the plan, then the
     planned backend on the plan's host lengths (no value read back)."""
-    set_too = [k for k, v in given.items() if v != {"scale": None, "causal": True,
-                                                      "backend": "auto"}[k]]
+    defaults = {"scale": None, "causal": True, "backend": "auto"}
+    set_too = [k for k, v in given.items() if v != defaults[k]]
     if set_too:
         raise ValueError(f"{', '.join(set_too)}: the plan's (plan_prefill(..., "
                          f"{set_too[0]}=...)), not given with plan=")

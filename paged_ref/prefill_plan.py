@@ -134,19 +134,16 @@ def plan_prefill(
     scale = check_scale(scale)
     kv_format = None if kv_format is None else KVFormat.parse(kv_format)
     readable = triton_reads(kv_format, head_dim)
-    if backend == "auto":
-        backend = "triton" if readable and _device.compiled_triton_on(device) else "torch"
+    if backend == "auto":  # as the unplanned "auto": one row each goes to the decode kernels
+        one_row = bool(q_lens) and all(n == 1 for n in q_lens)
+        compiled = readable and _device.compiled_triton_on(device)
+        backend = ("decode" if one_row else "triton") if compiled else "torch"
     elif backend == "triton":
         _device.check_triton_device(backend, "device", device)
         if not readable:
             raise ValueError(UNREADABLE)
-    decode = None
-    auto_decode = backend == "triton" and q_lens and all(n == 1 for n in q_lens)
-    if auto_decode:  # every sequence one row: the decode kernels read the cache faster
-        decode = plan_decode(lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                             head_dim=head_dim, block_size=block_size, dtype=dtype,
-                             device=device, scale=scale, kv_format=kv_format)
-        backend = "decode"
+    decode = plan_decode(lens, **sizes, dtype=dtype, device=device, scale=scale,
+                         kv_format=kv_format) if backend == "decode" else None
     return PrefillPlan(backend, tuple(q_lens), tuple(lens), *sizes.values(), dtype=dtype,
                        device=device, causal=causal, scale=scale, kv_format=kv_format,
                        decode=decode)

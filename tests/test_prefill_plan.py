@@ -76,6 +76,14 @@ def test_one_row_batches_take_the_decode_kernels():
     assert_close(paged_prefill(*inp.args(), plan=plan), inp.reference(), name="decode plan")
 
 
+def test_an_asked_backend_is_kept_for_one_row_batches():
+    """Only "auto" hands one-row batches to the decode kernels (as the unplanned call)."""
+    inp = make_prefill_inputs([6, 3], [1, 1], seed=4, device=KERNEL_DEVICE, **SHAPE)
+    plan = _plan([6, 3], [1, 1], inp, backend="triton")
+    assert plan.backend == "triton" and plan.decode is None
+    assert_close(paged_prefill(*inp.args(), plan=plan), inp.reference(), name="triton, 1 row")
+
+
 def _refusals():
     """(name, what changes in the call, the error's words)."""
     seq_lens, query_lens = [10, 6], [4, 6]
