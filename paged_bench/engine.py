@@ -121,7 +121,13 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
     sync()
     engine.generate(prompts, max_new, ignore_eos=True)
     s = engine.stats
+    # The GPU's busy time over the same run, profiled (the profiler slows the host, so the
+    # wall time compared with it is the unprofiled run's): wall / busy = 1 when the host is
+    # never on the GPU's critical path.
+    busy = busy_seconds(profiled_kernels(lambda: engine.generate(prompts, max_new,
+                                                                 ignore_eos=True)))
     return engine, {"output_tok_s": s.output_tokens_per_s, "seconds": s.seconds,
+                    "gpu_busy_s": busy, "wall_over_gpu_busy": s.seconds / busy,
                     "output_tokens": s.output_tokens,
                     "mean_ttft_s": sum(s.ttft_s) / len(s.ttft_s),
                     "max_requests_held": s.max_running, "steps": s.steps,
@@ -176,9 +182,10 @@ def run_generate_batch(model, prompts, max_new: int):
 # ---------------------------------------------------------------------------- measurements
 
 
-def kernel_names(fn) -> list[str]:
-    """The GPU kernels one call of ``fn`` launches, in order (``torch.profiler``; memory
-    copies and sets left out). ``fn`` runs once before, so nothing compiles while profiled."""
+def profiled_kernels(fn) -> list:
+    """The GPU work one call of ``fn`` does, in order: ``torch.profiler`` device events (kernels,
+    also those a CUDA graph replays, and memory copies and sets), each with ``.name`` and
+    ``.time_range`` (us). ``fn`` runs once before, so nothing compiles while profiled."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -186,17 +193,32 @@ def kernel_names(fn) -> list[str]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         sync()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-            and not e.name.startswith(("Memcpy", "Memset"))]
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def decode_step_events(runner, step) -> list:
+    """The GPU work of one decode step, run eagerly (its CUDA graph holds the same kernels)."""
+    graphs, runner.graphs = runner.graphs, {}
+    try:
+        return profiled_kernels(lambda: runner.execute(step))
+    finally:
+        runner.graphs = graphs
 
 
 def decode_step_kernels(runner, step) -> list[str]:
-    """The kernels of one decode step, run eagerly (its CUDA graph holds the same ones)."""
-    graphs, runner.graphs = runner.graphs, {}
-    try:
-        return kernel_names(lambda: runner.execute(step))
-    finally:
-        runner.graphs = graphs
+    """The kernels of one decode step (memory copies and sets left out)."""
+    return [e.name for e in decode_step_events(runner, step)
+            if not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def busy_seconds(events) -> float:
+    """Seconds the GPU was busy: the union of the events' time ranges (overlaps counted once)."""
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in events):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy / 1e6
 
 
 def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) -> dict:
@@ -217,7 +239,11 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
     ms = time_ms(lambda: runner.execute(step))
     bucket = min((b for b in runner.graphs if b >= batch), default=None)
     graph_ms = time_ms(runner.graphs[bucket].replay) if bucket else None
-    kernels = decode_step_kernels(runner, step)
+    events = decode_step_events(runner, step)
+    kernels = [e.name for e in events if not e.name.startswith(("Memcpy", "Memset"))]
+    us_by_name = Counter()
+    for e in events:
+        us_by_name[e.name[:80]] += e.time_range.end - e.time_range.start
     cfg = model.config
     kv = batch * seq_len * kv_bytes_per_token(num_layers=cfg.num_hidden_layers,
                                               num_kv_heads=cfg.num_key_value_heads,
@@ -230,7 +256,8 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
             "cuda_graph": bool(runner.graphs), "kernels_per_step": len(kernels),
             "kernels_per_layer": len(kernels) / cfg.num_hidden_layers,
-            "kernels_by_name": dict(Counter(name[:120] for name in kernels).most_common())}
+            "kernels_by_name": dict(Counter(name[:120] for name in kernels).most_common()),
+            "kernel_ms_by_name": {k: v / 1e3 for k, v in us_by_name.most_common(12)}}
 
 
 def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size: int = 16):

@@ -15,6 +15,12 @@ as the documentation writes it::
   when FlashInfer is installed, its decode wrapper's ``run()`` the same two ways, in the same
   process, and the ratio (the bar: planned call <= 1.2x FlashInfer's ``run()``).
 
+``--unplanned`` times the call without a plan as well (``paged_attention(q, ..., seq_lens,
+out=out)``: on a GPU the check kernel, the remembered plan's launches, the wait for the
+checks' verdict), next to the planned call's GPU time: on a large case (B1_L131072,
+B32_ragged) its host path must fit inside the kernel's time for the call to run at the
+kernel's speed.
+
 ``--stub-launch`` replaces the kernel launch itself with a no-op, so what is timed is
 everything around it (checks, look-ups, allocations, argument binding): the proxy used on a
 machine without a GPU, where it is the default (the interpreter would otherwise run the
@@ -140,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="kernel: a split plan merges with the second kernel when run eagerly "
                         "too (the plan's default merges inside the split kernel for small "
                         "work, SplitPlan.eager_fused_merge)")
+    p.add_argument("--unplanned", action="store_true",
+                   help="also time the call without a plan (host and GPU time)")
     p.add_argument("--stub-launch", action="store_true",
                    help="time the host path with the kernel launch itself a no-op (the "
                         "default without a GPU)")
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     from paged_course.results import environment, write_result
 
     on_gpu = torch.cuda.is_available()
+    if args.unplanned and not on_gpu:  # (the CPU checks first and runs the interpreter)
+        p.error("--unplanned times the GPU path: it needs a GPU")
     device = "cuda" if on_gpu else "cpu"
     lens = CASES[args.case]
     backend = args.backend or ("auto" if on_gpu else gpu_backend(lens))
@@ -157,10 +167,18 @@ def main(argv: list[str] | None = None) -> int:
               "merge": args.merge, "launch_stubbed": stub}
     result["planned_call"] = host_us(call, args.calls, stub)
     result["bound"] = any(b is not None for b in getattr(plan, "bindings", {}).values())
+    if args.unplanned:
+        from paged_ref import paged_attention
+
+        out, inputs = torch.empty_like(inp.q), inp.args()
+        unplanned = lambda: paged_attention(*inputs, out=out)  # noqa: E731
+        result["unplanned_call"] = host_us(unplanned, args.calls, stub)
     if on_gpu and not stub:
         from paged_course.timing import time_ms
 
         result["planned_call"]["gpu_ms"] = time_ms(call)
+        if args.unplanned:
+            result["unplanned_call"]["gpu_ms"] = time_ms(unplanned)
         for label, fn in flashinfer_run(inp).items():
             result[label] = {**host_us(fn, args.calls), "gpu_ms": time_ms(fn)}
             result[label]["planned_over_this"] = (result["planned_call"]["gpu_ms"]

@@ -20,8 +20,11 @@ plan's bindings, then launches bound once; the full checks run for tensors not s
 Without a plan, on a GPU, the value checks run as a Triton kernel
 (:mod:`paged_ref.kernels.triton.checks`) queued *before* the attention kernel, which reads the
 checked lengths (``-1`` for a row that failed: skipped, never read); the host waits for the
-checks' verdict only after both are queued, so the GPU never
-idles waiting for the host. Elsewhere the values are checked first (one read-back).
+checks' verdict only after both are queued, so the GPU never idles waiting for the host. That
+plan covers every length the table can hold, so it depends on metadata only: a later call with
+the same metadata, scale and backend reuses it and its bound launches (the value checks still
+run, every call: :func:`paged_ref.planned.call_unplanned`). Elsewhere the values are checked
+first (one read-back).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from paged_ref.plan import (
     make_plan,
     triton_reads,
 )
-from paged_ref.planned import call_planned
+from paged_ref.planned import call_planned, call_unplanned, remember_unplanned, unplanned_key
 from paged_ref.reference import paged_attention_torch
 from paged_ref.validation import Lengths, check_out, check_scale, check_shapes, check_values
 
@@ -147,6 +150,12 @@ def paged_attention(
         result = call_planned(plan, q, k_cache, v_cache, block_tables, seq_lens, out)
         if result is not None:  # (else: not bindable; the path below checks and runs it)
             return result
+    elif plan is None:  # metadata seen before on a GPU: the checks' kernel and its plan
+        result = call_unplanned(q, k_cache, v_cache, block_tables, seq_lens, out, scale,
+                                backend)
+        if result is not None:
+            return result
+    raw_scale = scale
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(q, torch.Tensor) and q.is_cuda and q.get_device() != torch.cuda.current_device():
@@ -163,33 +172,46 @@ def paged_attention(
     scale = check_scale(scale)
     shapes = check_shapes(q, k_cache, v_cache, block_tables, seq_lens)
     check_out(out, q)
-    lens, pending = seq_lens, None  # the lengths the kernels read; the checks on their way
+    if plan is None and shapes.batch > 0 and checks_on_device(seq_lens) and backend != "torch" \
+            and (backend != "auto" or triton_reads(kv_format, shapes.head_dim)):
+        key = unplanned_key(q, k_cache, v_cache, block_tables, seq_lens, out, raw_scale, backend)
+        return _checked_while_running(key, shapes, backend, scale, kv_format, q, k_cache,
+                                      v_cache, block_tables, seq_lens, out)
     if plan is not None:
         check_against_plan(plan, shapes, q, kv_format)
-    else:
-        on_gpu = shapes.batch > 0 and checks_on_device(seq_lens)
-        if on_gpu and backend != "torch" and (backend != "auto" or
-                                              triton_reads(kv_format, shapes.head_dim)):
-            # NOTE: the checks and the attention kernel are queued together and the verdict
-            # read after both: the kernels read the checked lengths (-1 for a row that failed:
-            # skipped) and the plan covers every length the table can hold.
-            from paged_ref.kernels.triton.checks import start_checks
+    else:  # checked first: on a GPU one kernel and four numbers back, else on the host
+        stats = None
+        if shapes.batch > 0 and checks_on_device(seq_lens):
+            from paged_ref.kernels.triton.checks import length_stats
 
-            pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
-            lens = pending.checked_lens
-            capacity = shapes.max_blocks_per_seq * shapes.block_size
-            lengths = Lengths(capacity, shapes.batch * capacity)
-        else:  # checked first: on a GPU one kernel and four numbers back, else on the host
-            stats = None
-            if on_gpu:
-                from paged_ref.kernels.triton.checks import length_stats
-
-                stats = length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
-            lengths = check_values(block_tables, seq_lens, shapes, stats)
+            stats = length_stats(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+        lengths = check_values(block_tables, seq_lens, shapes, stats)
         plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
                          total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
                          scale=scale, kv_format=kv_format)
-    result = run_plan(plan, q, k_cache, v_cache, block_tables, lens, out)
-    if pending is not None:  # raises the named error if a check failed
-        check_values(block_tables, seq_lens, shapes, pending.stats())
+    return run_plan(plan, q, k_cache, v_cache, block_tables, seq_lens, out)
+
+
+def _checked_while_running(key, shapes, backend, scale, kv_format, q, k_cache, v_cache,
+                           block_tables, seq_lens, out):
+    """The unplanned call on a GPU, the first time with this metadata (``key``): the checks
+    and the attention kernel queued together, the verdict read after both.
+
+    NOTE: the kernels read the checked lengths (-1 for a row that failed: skipped) and the
+    plan covers every length the table can hold, so it depends on metadata only: it is
+    remembered, and later calls like this one take :func:`paged_ref.planned.call_unplanned`.
+    """
+    from paged_ref.kernels.triton.checks import start_checks
+
+    pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+    lens = pending.checked_lens
+    capacity = shapes.max_blocks_per_seq * shapes.block_size
+    plan = make_plan(backend, shapes, q.dtype, q.device, max_len=capacity,
+                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale,
+                     kv_format=kv_format)
+    remember_unplanned(key, shapes, plan)
+    result = call_planned(plan, q, k_cache, v_cache, block_tables, lens, out)
+    if result is None:  # (not bindable)
+        result = run_plan(plan, q, k_cache, v_cache, block_tables, lens, out)
+    check_values(block_tables, seq_lens, shapes, pending.stats())  # raises the named error
     return result

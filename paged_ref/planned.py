@@ -26,6 +26,15 @@ when: its backend launches no Triton kernel (``torch``, the CUDA kernels); the b
 pool is empty; one tensor is passed as two arguments; a pointer is not 16-byte aligned; the
 call copies a tensor (q, tables or lengths with a strided last dimension); or the tensors are
 on another GPU than the current one. A plan keeps at most :data:`MAX_BINDINGS`.
+
+The unplanned call on a GPU (:func:`call_unplanned`) takes the same path. There the values
+are checked by a kernel queued first, and the attention kernel is planned for every length
+the table can hold (:mod:`paged_ref.attention`), so its plan depends on metadata only: the
+first unplanned call with given metadata, scale and backend checks it in full, makes the
+plan and remembers it (at most :data:`MAX_UNPLANNED`, per stream: their scratch buffers are
+the stream's); a later one launches the check kernel, then the plan's bound launches, and
+waits for the checks' verdict. The value checks are never skipped: only the metadata checks
+and the planning are not redone.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ from paged_ref.validation import check_out, check_shapes
 
 #: Signatures a plan binds at most (a caller alternating more tensor layouts is re-bound).
 MAX_BINDINGS = 8
+#: Plans remembered for unplanned GPU calls, by signature, scale, backend and stream.
+MAX_UNPLANNED = 8
+_UNPLANNED: dict = {}  # key -> (Shapes, DecodePlan)
 
 
 class Binding:
@@ -58,9 +70,14 @@ def _parts(cache) -> tuple:
     return (cache,)
 
 
+def _meta(tensors: tuple) -> tuple:
+    """What the metadata checks read of ``tensors``."""
+    return tuple([(type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+
+
 def _signature(plan: DecodePlan, tensors: tuple, made_out: bool) -> tuple:
     """What the full checks read of ``tensors``, and what else picks the launched kernels."""
-    meta = tuple([(type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+    meta = _meta(tensors)
     if plan.device.type != "cuda":
         return meta, made_out
     # NOTE: a split plan may merge inside the split kernel when eager and with a second
@@ -68,6 +85,65 @@ def _signature(plan: DecodePlan, tensors: tuple, made_out: bool) -> tuple:
     # (as kernels.triton.split.capturing asks it), the current device their context.
     capturing = tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()
     return meta, made_out, capturing, torch.cuda.current_device()
+
+
+def unplanned_key(q, k_cache, v_cache, block_tables, seq_lens, out, scale, backend) -> tuple:
+    """What an unplanned call's metadata checks and plan depend on: the tensors' signature
+    (as for a plan), the caches' formats, ``scale`` (with its type: ``True == 1.0``, but
+    only one is a valid scale), the backend, the current CUDA device and stream.
+
+    Raises:
+        AttributeError / TypeError: not tensors (the full path names the argument).
+    """
+    caches = (k_cache, v_cache) if type(k_cache) is torch.Tensor else (
+        *_parts(k_cache), *_parts(v_cache))
+    tensors = (q, *caches, block_tables, seq_lens) + (() if out is None else (out,))
+    meta = _meta(tensors)
+    device = torch.cuda.current_device() if q.is_cuda else None
+    stream = None if device is None else _device.current_stream_handle(device)
+    return (meta, out is None, getattr(k_cache, "format", None),
+            getattr(v_cache, "format", None), type(scale), scale, backend, device, stream)
+
+
+def remember_unplanned(key: tuple, shapes, plan: DecodePlan) -> None:
+    """Keep ``plan`` (made for every length the table holds) for later unplanned calls."""
+    if len(_UNPLANNED) >= MAX_UNPLANNED:
+        _UNPLANNED.clear()
+    _UNPLANNED[key] = (shapes, plan)
+
+
+def call_unplanned(q, k_cache, v_cache, block_tables, seq_lens, out, scale, backend):
+    """An unplanned call whose metadata was seen before (see the module doc): the check
+    kernel, the remembered plan's launches, then the verdict.
+
+    Returns:
+        The output tensor, or None: not seen before (the full path checks, plans and
+        remembers it).
+
+    Raises:
+        ValueError: a length or a used table entry failed the value checks (the rows that
+        passed are written, the others are not).
+    """
+    try:
+        key = unplanned_key(q, k_cache, v_cache, block_tables, seq_lens, out, scale, backend)
+        entry = _UNPLANNED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable scale
+        return None
+    if entry is None:
+        return None
+    from paged_ref.kernels.triton import checks
+    from paged_ref.validation import check_values
+
+    shapes, plan = entry
+    pending = checks.start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
+    lens = pending.checked_lens
+    result = call_planned(plan, q, k_cache, v_cache, block_tables, lens, out)
+    if result is None:  # (not bindable: the plan run as it is)
+        from paged_ref.attention import run_plan
+
+        result = run_plan(plan, q, k_cache, v_cache, block_tables, lens, out)
+    check_values(block_tables, seq_lens, shapes, pending.stats())  # raises the named error
+    return result
 
 
 def call_planned(plan: DecodePlan, q, k_cache, v_cache, block_tables, seq_lens, out):
@@ -150,4 +226,5 @@ def _bind(plan: DecodePlan, key: tuple, q, k_cache, v_cache, block_tables, seq_l
     return result
 
 
-__all__ = ["MAX_BINDINGS", "call_planned"]
+__all__ = ["MAX_BINDINGS", "MAX_UNPLANNED", "call_planned", "call_unplanned", "remember_unplanned",
+           "unplanned_key"]

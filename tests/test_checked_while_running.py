@@ -16,7 +16,7 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs
-from paged_ref import attention, paged_attention
+from paged_ref import attention, paged_attention, planned
 from paged_ref.kernels.triton import checks as triton_checks
 from paged_ref.kernels.triton.checks import start_checks
 from paged_ref.kernels.triton.decode import KernelConfig, paged_attention_triton
@@ -60,6 +60,7 @@ def device_checks(monkeypatch):
 
     monkeypatch.setattr(attention, "checks_on_device", lambda seq_lens: True)
     monkeypatch.setattr(triton_checks, "start_checks", counted)
+    monkeypatch.setattr(planned, "_UNPLANNED", {})  # no plan remembered from another test
     return launches
 
 
@@ -139,3 +140,116 @@ def test_planted_mistakes_in_the_skip_are_caught(module, old, new, runner, tmp_p
     monkeypatch.setitem(globals(), name, getattr(mutant, name))
     with pytest.raises(AssertionError):
         test_kernels_skip_a_row_of_length_minus_one(runner)
+
+
+# -- Later calls with the same metadata: the remembered plan (paged_ref.planned.call_unplanned)
+
+
+@pytest.fixture
+def plans_made(monkeypatch):
+    """The number of plans the unplanned path has made so far (a list of one int)."""
+    made = [0]
+    real = attention.make_plan
+
+    def counted(*args, **kwargs):
+        made[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "make_plan", counted)
+    return made
+
+
+def fresh_values(inp, seed):
+    """Other lengths (up to what the table holds) and a shuffled table, same metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    capacity = inp.block_tables.shape[1] * SHAPE["block_size"]
+    inp.seq_lens.copy_(torch.randint(0, capacity + 1, inp.seq_lens.shape, generator=gen))
+    num_blocks = inp.k_cache.shape[0]
+    inp.block_tables.copy_(torch.randint(0, num_blocks, inp.block_tables.shape, generator=gen))
+    return inp
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "triton_split"])
+def test_later_calls_reuse_the_plan_and_check_every_time(backend, device_checks, plans_made):
+    inp = inputs(seed=3)
+    outs = []
+    for seed in range(3):
+        fresh_values(inp, seed)
+        outs.append((paged_attention(*inp.args(), backend=backend), inp.reference()))
+    assert plans_made == [1], "the plan was not remembered"
+    assert device_checks == [len(LENS)] * 3, "a later call skipped the check kernel"
+    for got, want in outs:
+        assert_close(got, want)
+
+
+def later_call_with_a_bad_value(how, seed=4):
+    """A call remembered with valid values, then the same call with row 2 spoiled: it must
+    raise the named error, leave row 2 unwritten and get the other rows right."""
+    inp = inputs(seed=seed)
+    out = torch.full_like(inp.q, SENTINEL)
+    paged_attention(*inp.args(), backend="triton_split", out=out)  # remembered
+    out.fill_(SENTINEL)
+    want = inp.reference()
+    match = spoil(inp, how)
+    with pytest.raises(ValueError, match=match):
+        paged_attention(*inp.args(), backend="triton_split", out=out)
+    assert (out[2] == SENTINEL).all(), "the failing row was written"
+    assert_close(out[[0, 1, 3]], want[[0, 1, 3]])
+
+
+@pytest.mark.parametrize("how", ["bad entry", "negative length", "too long"])
+def test_a_later_call_with_a_bad_value_raises_the_named_error(how, device_checks, plans_made):
+    later_call_with_a_bad_value(how)
+    assert plans_made == [1]
+    assert device_checks == [len(LENS)] * 2
+
+
+def other_scales(inp):
+    """Calls that differ from a remembered one in scale only: each must be right, and a
+    scale of True refused although ``True == 1.0``."""
+    paged_attention(*inp.args())
+    assert_close(paged_attention(*inp.args(), scale=0.5), inp.reference(scale=0.5))
+    assert_close(paged_attention(*inp.args(), scale=0.25), inp.reference(scale=0.25))
+    paged_attention(*inp.args(), scale=1.0)
+    with pytest.raises(TypeError, match="scale"):
+        paged_attention(*inp.args(), scale=True)
+
+
+def test_other_metadata_scale_or_backend_is_planned_again(device_checks, plans_made):
+    inp = inputs(seed=5)
+    other_scales(inp)
+    assert plans_made == [4]  # None, 0.5, 0.25, 1.0
+    paged_attention(*inp.args(), backend="triton")
+    paged_attention(inp.q[:3], inp.k_cache, inp.v_cache, inp.block_tables[:3], inp.seq_lens[:3])
+    assert plans_made == [6]
+
+
+def test_remembered_plans_are_bounded(device_checks):
+    inp = inputs(seed=6)
+    for i in range(planned.MAX_UNPLANNED + 3):
+        paged_attention(*inp.args(), scale=0.1 * (i + 1))
+    assert 0 < len(planned._UNPLANNED) <= planned.MAX_UNPLANNED
+
+
+#: (planted mistake in paged_ref.planned, old text, new text, the test that catches it)
+UNPLANNED_MUTATIONS = [
+    ("value checks skipped", "    check_values(block_tables, seq_lens, shapes, pending.stats())",
+     "    pass", "bad value"),
+    ("scale not in the key", "type(scale), scale, backend, device", "backend, device", "scale"),
+    ("scale's type not in the key", "type(scale), scale, backend", "scale, backend", "scale"),
+]
+
+
+@pytest.mark.parametrize("old, new, catcher", [m[1:] for m in UNPLANNED_MUTATIONS],
+                         ids=[m[0] for m in UNPLANNED_MUTATIONS])
+def test_planted_mistakes_in_the_remembered_path_are_caught(old, new, catcher, device_checks,
+                                                           plans_made, tmp_path, monkeypatch):
+    mutant = mutant_of(planned, [(old, new)], tmp_path, monkeypatch)
+    for name in ("call_unplanned", "remember_unplanned", "unplanned_key"):
+        monkeypatch.setattr(attention, name, getattr(mutant, name))
+    with pytest.raises((AssertionError, pytest.fail.Exception)):  # (a check, or DID NOT RAISE)
+        if catcher == "bad value":
+            for how in ("bad entry", "negative length", "too long"):
+                later_call_with_a_bad_value(how)
+        else:
+            other_scales(inputs(seed=5))

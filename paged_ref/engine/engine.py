@@ -159,10 +159,11 @@ class Engine:
             after aborting the requests it had scheduled (see the module doc).
         """
         reqs, tokens, now = self._step(fork_samples)
-        outputs = []
-        for head in dict.fromkeys(r.parent or r for r in reqs):
+        outputs, own = [], {}  # each head's own token (its samples': in its completions)
+        for r, t in zip(reqs, tokens, strict=True):
+            own.setdefault(r.parent or r, []).extend(() if r.parent else (t,))
+        for head, new in own.items():
             head.metrics.token_times.append(now)
-            new = [t for r, t in zip(reqs, tokens, strict=True) if r is head]
             outputs.append(RequestOutput(
                 head.req_id, new, list(head.output), self._done(head), head.finish_reason,
                 head.metrics, [CompletionOutput(i, list(r.output), r.status is Status.FINISHED,
@@ -260,8 +261,7 @@ class Engine:
         return rid
 
     def _forget(self, finished: list[Request], now: float | None = None) -> None:
-        """Drop the requests of ``finished`` (or with a sample in it) that are done, every
-        sample; their ``metrics.finished`` becomes ``now`` (when given)."""
+        """Drop the done requests among ``finished`` (a sample's head), ``metrics.finished=now``."""
         for head in dict.fromkeys(r.parent or r for r in finished):
             if self._done(head) and self.requests.pop(head.req_id, None) and now is not None:
                 head.metrics.finished = now
@@ -271,7 +271,7 @@ class Engine:
         """Whether request ``head`` finished, every sample of it."""
         return all(r.status is Status.FINISHED for r in head.group)
 
-    def _generator(self, seed: int | None) -> torch.Generator | None:
+    def _generator(self, seed: int | None) -> torch.Generator | None:  # (None: the global RNG)
         return None if seed is None else torch.Generator(self.runner.device).manual_seed(seed)
 
     @staticmethod
