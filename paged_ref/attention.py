@@ -192,23 +192,36 @@ def paged_attention(
     return run_plan(plan, q, k_cache, v_cache, block_tables, seq_lens, out)
 
 
+def unknown_lengths(shapes) -> Lengths:
+    """The lengths an unplanned GPU call is planned for, before its checks have read any:
+    one row as long as the table holds, the others half of that on average (a ragged batch).
+
+    A split finer than the true lengths need costs a few partial results more; one too coarse
+    leaves a long row alone in the last wave. B32_ragged (lengths 64..16,384) planned as if
+    every row were full got 2 chunks of 8,128 tokens, where its lengths take 8 of 2,048.
+    """
+    capacity = shapes.max_blocks_per_seq * shapes.block_size
+    return Lengths(capacity, capacity + (shapes.batch - 1) * capacity // 2)
+
+
 def _checked_while_running(key, shapes, backend, scale, kv_format, q, k_cache, v_cache,
                            block_tables, seq_lens, out):
     """The unplanned call on a GPU, the first time with this metadata (``key``): the checks
     and the attention kernel queued together, the verdict read after both.
 
     NOTE: the kernels read the checked lengths (-1 for a row that failed: skipped) and the
-    plan covers every length the table can hold, so it depends on metadata only: it is
-    remembered, and later calls like this one take :func:`paged_ref.planned.call_unplanned`.
+    plan covers every length the table can hold (:func:`unknown_lengths`), so it depends on
+    metadata only: it is remembered, and later calls like this one take
+    :func:`paged_ref.planned.call_unplanned`.
     """
     from paged_ref.kernels.triton.checks import start_checks
 
     pending = start_checks(block_tables, seq_lens, shapes.block_size, shapes.num_blocks)
     lens = pending.checked_lens
-    capacity = shapes.max_blocks_per_seq * shapes.block_size
-    plan = make_plan(backend, shapes, q.dtype, q.device, max_len=capacity,
-                     total_tokens=shapes.batch * capacity, max_seq_len=capacity, scale=scale,
-                     kv_format=kv_format)
+    lengths = unknown_lengths(shapes)
+    plan = make_plan(backend, shapes, q.dtype, q.device, max_len=lengths.max_len,
+                     total_tokens=lengths.total_tokens, max_seq_len=lengths.max_len,
+                     scale=scale, kv_format=kv_format)
     remember_unplanned(key, shapes, plan)
     result = call_planned(plan, q, k_cache, v_cache, block_tables, lens, out)
     if result is None:  # (not bindable)

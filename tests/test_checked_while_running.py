@@ -253,3 +253,24 @@ def test_planted_mistakes_in_the_remembered_path_are_caught(old, new, catcher, d
                 later_call_with_a_bad_value(how)
         else:
             other_scales(inputs(seed=5))
+
+
+def test_unknown_lengths_are_planned_as_a_ragged_batch():
+    """Before its checks have run, an unplanned GPU call plans for lengths it does not know:
+    B32_ragged's table (32 rows of 1,010 blocks of 16) must get the split its lengths get
+    (8 chunks of 2,048), not the one of 32 full rows (2 of 8,128: a long row alone at the
+    end); one row is as long as the table holds."""
+    from paged_bench.decode import CASES
+    from paged_ref.kernels.triton.split import plan_split
+    from paged_ref.validation import Shapes
+
+    lens = CASES["B32_ragged"]
+    shapes = Shapes(batch=32, num_q_heads=32, num_kv_heads=8, head_dim=128, num_blocks=20000,
+                    block_size=16, max_blocks_per_seq=1010)
+    got = attention.unknown_lengths(shapes)
+    split = plan_split(batch=32, num_kv_heads=8, max_len=got.max_len,
+                       total_tokens=got.total_tokens)
+    wanted = plan_split(batch=32, num_kv_heads=8, max_len=max(lens), total_tokens=sum(lens))
+    assert split.num_chunks >= wanted.num_chunks == 8
+    one = attention.unknown_lengths(Shapes(1, 32, 8, 128, 9000, 16, 8193))
+    assert one.max_len == one.total_tokens == 8193 * 16

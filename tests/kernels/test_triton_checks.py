@@ -33,7 +33,19 @@ def random_case(seed, batch, width, block_size=4, num_blocks=50, strided=False):
     return table.to(DEVICE), lens.to(DEVICE), block_size, num_blocks
 
 
-CASES = [(0, 1, 1), (1, 3, 7), (2, 16, 128), (3, 17, 129), (4, 40, 300), (5, 5, 0)]
+CASES = [(0, 1, 1), (1, 3, 7), (2, 16, 128), (3, 17, 129), (4, 40, 300), (5, 5, 0),
+         (6, 1, 9000), (7, 2, 4097), (8, 9, 1025)]  # (long rows: the loop's several tiles)
+
+
+@pytest.mark.parametrize("batch, width, most_steps", [(1, 8193, 3), (8, 2049, 3), (32, 1010, 2),
+                                                      (256, 65, 1), (3, 5, 1)])
+def test_a_long_narrow_table_takes_few_steps(batch, width, most_steps):
+    """One program's loop steps run one after another: B1_L131072's one row of 8,193 entries in
+    16 x 128 tiles took 65 (~60 us on an H200)."""
+    rows, cols = triton_checks.tile_shape(batch, width)
+    assert rows * cols <= triton_checks.TILE_ENTRIES and rows <= triton_checks.ROWS
+    assert -(-width // cols) <= most_steps
+    assert cols <= max(16, 2 * width), "wider than the table needs"
 
 
 @pytest.mark.parametrize("seed, batch, width", CASES)

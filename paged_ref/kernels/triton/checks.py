@@ -31,8 +31,21 @@ import triton.language as tl
 
 from paged_ref.kernels.triton.launch import launch
 
-ROWS = 16  # sequences per program
-COLS = 128  # table entries per step of a program's loop
+ROWS = 16  # sequences per program, at most
+#: Table entries a program reads per step of its loop (rows x columns). The steps of one
+#: program run one after another, each waiting on its loads, so a long narrow table (B1_L131072:
+#: one row of 8,193 entries) in 16 x 128 tiles took 65 steps, ~60 us on an H200: a quarter of
+#: the attention kernel's time. Tiles of this many entries, as few rows as the batch has, take
+#: 3 steps there.
+TILE_ENTRIES = 8192
+
+
+def tile_shape(batch: int, width: int) -> tuple[int, int]:
+    """``(rows, cols)`` of one program's tile: powers of two, ``rows <= ROWS``, ``rows x cols
+    <= TILE_ENTRIES``, no wider than the table needs."""
+    rows = min(ROWS, max(2, triton.next_power_of_2(batch)))
+    cols = min(TILE_ENTRIES // rows, max(16, triton.next_power_of_2(width)))
+    return rows, cols
 
 
 @triton.jit
@@ -109,13 +122,15 @@ def start_checks(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
         with torch.cuda.device(device):  # kernel, copy and event on one GPU's stream
             return start_checks(block_tables, seq_lens, block_size, num_blocks)
     batch, width = block_tables.shape
-    programs = triton.cdiv(batch, ROWS)
+    rows, cols = tile_shape(batch, width)
+    programs = triton.cdiv(batch, rows)
     stats = torch.empty(programs, 4, dtype=torch.int64, device=device)
     checked_lens = torch.empty(batch, dtype=torch.int32, device=device)
     launch(
         check_values_kernel, (programs,),
         stats, checked_lens, block_tables, seq_lens, batch, width, block_tables.stride(0),
-        block_tables.stride(1), seq_lens.stride(0), block_size, num_blocks, ROWS=ROWS, COLS=COLS,
+        block_tables.stride(1), seq_lens.stride(0), block_size, num_blocks, ROWS=rows, COLS=cols,
+        num_warps=8 if rows * cols >= 4096 else 4,
     )
     if device.type != "cuda":
         return PendingChecks(checked_lens, stats, None)
@@ -139,4 +154,4 @@ def length_stats(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
     return start_checks(block_tables, seq_lens, block_size, num_blocks).stats()
 
 
-__all__ = ["PendingChecks", "check_values_kernel", "length_stats", "start_checks"]
+__all__ = ["PendingChecks", "check_values_kernel", "length_stats", "start_checks", "tile_shape"]
