@@ -11,7 +11,8 @@ This suite builds the engine as a user does, then runs the same workload twice, 
   cache meanwhile (each a compiled kernel or launcher: none expected inside a ``generate``);
 * ``first_over_second``: the first call's tok/s over the second's (the bar: >= 0.9); the
   second call's prompts are other ids of the same lengths (no prefix-cache hit), and each
-  call records the tokens it computed and found cached.
+  call records the tokens it computed and found cached, and the pauses of Python's cyclic
+  collector inside it (``--unfreeze`` undoes the warm-up's ``gc.freeze()``, to see its part).
 
 Run it in a fresh process with an empty Triton cache, so that nothing was compiled before::
 
@@ -24,6 +25,7 @@ model). Writes ``warmup.json`` (``--out``). On a CPU it says so and stops.
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import sys
@@ -46,20 +48,49 @@ def triton_cache_files() -> set[str]:
         root.exists()) else set()
 
 
+class CollectorPauses:
+    """Python's cyclic-collector passes while it is active (a ``with`` block): how many per
+    generation and the seconds they took (``gc.callbacks``)."""
+
+    def __enter__(self):
+        self.count, self.seconds, self.longest, self._start = [0, 0, 0], 0.0, 0.0, 0.0
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._start
+        self.count[info["generation"]] += 1
+        self.seconds += pause
+        self.longest = max(self.longest, pause)
+
+    def as_dict(self) -> dict:
+        return {"gc_passes_by_generation": self.count, "gc_pause_s": self.seconds,
+                "gc_longest_pause_s": self.longest}
+
+
 def timed_generate(engine, prompts, max_new: int) -> dict:
-    """One timed ``generate``: tok/s, TTFT p50, seconds, and the Triton cache files it wrote."""
+    """One timed ``generate``: tok/s, TTFT p50, seconds, the Triton cache files it wrote and
+    the cyclic collector's pauses inside it."""
     before = triton_cache_files()
     sync()
-    start = time.perf_counter()
-    engine.generate(prompts, max_new, ignore_eos=True)
-    sync()
-    seconds = time.perf_counter() - start
+    with CollectorPauses() as pauses:
+        start = time.perf_counter()
+        engine.generate(prompts, max_new, ignore_eos=True)
+        sync()
+        seconds = time.perf_counter() - start
     s = engine.stats
     written = sorted(triton_cache_files() - before)
     return {"seconds": seconds, "output_tok_s": s.output_tokens / seconds,
             "ttft_p50_s": statistics.median(s.ttft_s), "steps": s.steps,
             "computed_tokens": s.computed_tokens, "cached_tokens": s.cached_tokens,
-            "triton_files_written": len(written), "triton_files": written[:20]}
+            "triton_files_written": len(written), "triton_files": written[:20],
+            **pauses.as_dict()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--no-warmup", action="store_true",
                    help="build the engine with warmup=False (to measure the first-call stall)")
+    p.add_argument("--unfreeze", action="store_true",
+                   help="gc.unfreeze() after the build (undo warm-up's gc.freeze: its effect)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU here: the first-call stall is Triton compiling kernels for a GPU "
@@ -89,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(model, num_blocks=num_blocks, block_size=16,
                     max_num_seqs=args.max_num_seqs, warmup=not args.no_warmup)
     sync()
+    if args.unfreeze:
+        gc.unfreeze()
     result = {**environment(), "shape": args.shape, "num_requests": args.num_requests,
               "output_len": args.output_len, "num_blocks": num_blocks,
-              "warmup": not args.no_warmup, "triton_cache_empty_at_start": empty_at_start,
+              "warmup": not args.no_warmup, "gc_frozen": not args.unfreeze,
+              "triton_cache_empty_at_start": empty_at_start,
               "build_s": time.perf_counter() - start, "warmup_s": engine.warmup_seconds}
     print(f"engine built in {result['build_s']:.2f} s (warm-up {result['warmup_s']:.2f} s)")
     # The second call gets other ids of the same lengths: the same steps' shapes, and no hit
@@ -104,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         result[name] = timed_generate(engine, batch, args.output_len)
         r = result[name]
         print(f"{name} generate: {r['output_tok_s']:,.0f} tok/s, TTFT p50 {r['ttft_p50_s']:.3f} "
-              f"s, {r['seconds']:.2f} s, {r['triton_files_written']} Triton cache files written")
+              f"s, {r['seconds']:.2f} s, {r['triton_files_written']} Triton cache files written, "
+              f"gc {r['gc_passes_by_generation']} passes {r['gc_pause_s']:.3f} s")
         write_result(result, args.out)
     result["first_over_second"] = (result["first"]["output_tok_s"]
                                    / result["second"]["output_tok_s"])

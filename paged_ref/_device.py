@@ -112,3 +112,25 @@ def describe() -> str:
     if not HAS_TRITON:
         return "CPU, no Triton installed: only backend='torch' is available"
     return "CPU: Triton kernels run in Triton's interpreter (slow, for learning; small sizes)"
+
+
+#: ``Engine``'s ``attention_backend`` / ``fused_backend`` values.
+ENGINE_BACKENDS = ("auto", "torch", "triton")
+
+
+def check_engine_backends(device: torch.device, attention_backend, fused_backend,
+                          cuda_graphs) -> None:
+    """``Engine``'s check: ``ValueError`` / ``TypeError`` unless the backends and
+    ``cuda_graphs`` can run on ``device`` here (Triton: in its interpreter on CPU tensors,
+    compiled on CUDA ones)."""
+    for name, value in (("attention_backend", attention_backend),
+                        ("fused_backend", fused_backend)):
+        if value not in ENGINE_BACKENDS:
+            raise ValueError(f"{name} must be one of {ENGINE_BACKENDS}, got {value!r}")
+        if value == "triton" and not triton_runs_on(device):
+            raise ValueError(f"{name}='triton' cannot run on the model's device ({device}) "
+                             f"here: {describe()}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be a bool or None, got {cuda_graphs!r}")
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {device}")

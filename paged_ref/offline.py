@@ -94,7 +94,7 @@ def generate(engine, prompts: Sequence[Sequence[int]],
         index = {r.req_id + j: i if r.params.n == 1 else (i, j)  # (sample j of n: id + j)
                  for i, r in reqs.items() for j in range(r.params.n)}
         while engine.has_unfinished_requests():
-            engine.step()
+            engine._step_tokens()  # (step() without its outputs: generate returns tokens)
             out, finished, new_tokens, seconds = engine._last
             if on_step is not None:
                 on_step(_event(engine, stats.steps, index))

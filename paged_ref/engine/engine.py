@@ -10,6 +10,7 @@ propagates; ``generate`` aborts all of its own.
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,9 +28,6 @@ from paged_ref.models.compat import kv_block_shape
 from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats
 from paged_ref.sampling.params import SamplingParams, as_token_ids
 from paged_ref.sampling.sampler import SamplingBatch
-
-#: ``attention_backend`` / ``fused_backend`` values.
-BACKENDS = ("auto", "torch", "triton")
 
 
 class Engine:
@@ -84,8 +82,8 @@ class Engine:
                             f".model.layers and .lm_head), got {type(model).__name__}")
         self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
         self.block_size = check_int("block_size", block_size, minimum=1)
-        check_backends(next(model.parameters()).device, attention_backend, fused_backend,
-                       cuda_graphs)
+        _device.check_engine_backends(next(model.parameters()).device, attention_backend,
+                                      fused_backend, cuda_graphs)
         self.model, self.vocab_size = model, model.config.vocab_size
         context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.max_model_len = (min(context, num_blocks * block_size) if max_model_len is None
@@ -158,18 +156,23 @@ class Engine:
             Whatever the step raised (the model, a kernel, a policy function, ``Ctrl-C``),
             after aborting the requests it had scheduled (see the module doc).
         """
+        return [RequestOutput(head.req_id, new, list(head.output), self._done(head),
+                              head.finish_reason, head.metrics,
+                              [CompletionOutput(i, list(r.output), r.status is Status.FINISHED,
+                                                r.finish_reason)
+                               for i, r in enumerate(head.group)])
+                for head, new in self._step_tokens().items()]
+
+    def _step_tokens(self) -> dict[Request, list[int]]:
+        """:meth:`step` but its outputs (``generate`` runs this): each request (a head) that
+        got a token -> its own new tokens (its samples' are theirs); token times recorded."""
         reqs, tokens, now = self._step(fork_samples)
-        outputs, own = [], {}  # each head's own token (its samples': in its completions)
+        own: dict[Request, list[int]] = {}
         for r, t in zip(reqs, tokens, strict=True):
             own.setdefault(r.parent or r, []).extend(() if r.parent else (t,))
-        for head, new in own.items():
+        for head in own:
             head.metrics.token_times.append(now)
-            outputs.append(RequestOutput(
-                head.req_id, new, list(head.output), self._done(head), head.finish_reason,
-                head.metrics, [CompletionOutput(i, list(r.output), r.status is Status.FINISHED,
-                                                r.finish_reason)
-                               for i, r in enumerate(head.group)]))
-        return outputs
+        return own
 
     def _step(self, pick: Callable, logprobs: int = 0) -> tuple[list[Request], list, float]:
         """One step (:meth:`step`'s); ``pick(reqs, got)`` turns what the runner returned for
@@ -224,7 +227,11 @@ class Engine:
         through the real step path: :mod:`paged_ref.models.warmup`), and leave the engine as
         it was: no block held, nothing cached, stats zero, request ids and the RNGs as they
         were. Returns the seconds it took (also ``warmup_seconds``). RuntimeError after the
-        first request: its blocks and cached prefixes would be the dummies' to overwrite."""
+        first request: its blocks and cached prefixes would be the dummies' to overwrite.
+        It ends with ``gc.freeze()`` (as vLLM's start-up does): the objects alive then (model,
+        engine, compiled kernels) leave the sweeps of Python's cyclic collector, process-wide;
+        a full sweep over them stalled a first ``generate`` mid-decode (``paged_bench warmup``
+        records each call's collector pauses)."""
         from paged_ref.models.warmup import run_warmup
 
         if self._next_id:
@@ -240,6 +247,8 @@ class Engine:
         finally:
             (self.scheduler, self.stats), self._next_id, self._last = kept, 0, ()
             self.requests.clear()
+        gc.collect()
+        gc.freeze()
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 
@@ -269,7 +278,8 @@ class Engine:
     @staticmethod
     def _done(head: Request) -> bool:
         """Whether request ``head`` finished, every sample of it."""
-        return all(r.status is Status.FINISHED for r in head.group)
+        return head.status is Status.FINISHED and all(r.status is Status.FINISHED
+                                                      for r in head.samples)
 
     def _generator(self, seed: int | None) -> torch.Generator | None:  # (None: the global RNG)
         return None if seed is None else torch.Generator(self.runner.device).manual_seed(seed)
@@ -295,7 +305,7 @@ class Engine:
             else:
                 step.input_ids.extend(req.tokens[chunk.start:chunk.end])
             step.positions.extend(range(chunk.start, chunk.end))
-            step.slot_mapping.extend(m.slot_mapping(req.req_id, chunk.start, chunk.end))
+            step.slot_mapping.extend(chunk.slots)
             step.query_start_loc.append(len(step.input_ids))
             step.seq_lens.append(chunk.end)
             step.block_tables.append(m.block_table(req.req_id))
@@ -323,18 +333,3 @@ class Engine:
                              f"max_model_len={self.max_model_len}")
         return ids
 
-
-def check_backends(device: torch.device, attention_backend, fused_backend, cuda_graphs) -> None:
-    """``ValueError`` / ``TypeError`` unless the backends and ``cuda_graphs`` can run on
-    ``device`` here (Triton: in its interpreter on CPU tensors, compiled on CUDA ones)."""
-    for name, value in (("attention_backend", attention_backend),
-                        ("fused_backend", fused_backend)):
-        if value not in BACKENDS:
-            raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
-        if value == "triton" and not _device.triton_runs_on(device):
-            raise ValueError(f"{name}='triton' cannot run on the model's device ({device}) "
-                             f"here: {_device.describe()}")
-    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-        raise TypeError(f"cuda_graphs must be a bool or None, got {cuda_graphs!r}")
-    if cuda_graphs and device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {device}")

@@ -201,6 +201,8 @@ class ModelRunner:
         if self._graphed(step):  # (a 1-token chunk of a prompt, not its last, runs here too)
             with self._on_device():  # replay on the GPU the graphs belong to
                 tokens, hidden = self._replay(step)  # (every row of the bucket)
+            if step.sample_rows == list(range(batch)):  # (most: every row, once)
+                return tokens[:batch], hidden[:batch]
             rows = torch.tensor(step.sample_rows, device=dev)
             return tokens[:batch][rows], hidden[:batch][rows]
         ids, pos, slots = torch.tensor([step.input_ids, step.positions,

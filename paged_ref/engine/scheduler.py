@@ -49,11 +49,13 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclass(frozen=True)
 class Chunk:
-    """Request ``request`` computes tokens ``start .. start + num_tokens - 1`` this step."""
+    """Request ``request`` computes tokens ``start .. start + num_tokens - 1`` this step; their
+    K/V go to cache slots ``slots`` (taken when the chunk was scheduled)."""
 
     request: Request
     start: int
     num_tokens: int
+    slots: list[int] = field(default_factory=list, repr=False)
 
     @property
     def end(self) -> int:
@@ -153,13 +155,13 @@ class Scheduler:
             while i < len(self.running) and budget > 0:
                 req = self.running[i]
                 n = min(req.num_to_compute, budget)
-                while not self._take_slots(req, n):
+                while (slots := self._take_slots(req, n)) is None:
                     victim = self.running[i + self.choose_victim(self.running[i:])]
                     self._preempt(victim, out)
                     if victim is req:
                         break
                 else:
-                    out.chunks.append(Chunk(req, req.num_computed, n))
+                    out.chunks.append(Chunk(req, req.num_computed, n, slots))
                     budget -= n
                     i += 1
             if not out.preempted:
@@ -192,13 +194,16 @@ class Scheduler:
             if not chunk.samples:
                 continue
             got = new_tokens[req.req_id]
-            went_on = [(req, got)] if isinstance(got, int) else got
-            for child, _ in reversed(went_on):  # (reversed: forks run in order after req)
-                if child is not req:
-                    self.fork(req, child)
-            if all(child is not req for child, _ in went_on):
-                self._finish(req, "dropped")
-                finished.append(req)
+            if isinstance(got, int):  # (most: one token, no fork)
+                went_on = [(req, got)]
+            else:
+                went_on = got
+                for child, _ in reversed(went_on):  # (reversed: forks run in order after req)
+                    if child is not req:
+                        self.fork(req, child)
+                if all(child is not req for child, _ in went_on):
+                    self._finish(req, "dropped")
+                    finished.append(req)
             for r, token in went_on:
                 r.output.append(token)
                 stop = token in r.stop_ids or token in stop_ids
@@ -239,22 +244,21 @@ class Scheduler:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _take_slots(self, req: Request, n: int) -> bool:
-        """Slots for ``req``'s next ``n`` tokens, or False (nothing taken) if blocks are short."""
+    def _take_slots(self, req: Request, n: int) -> list[int] | None:
+        """Slots for ``req``'s next ``n`` tokens, or None (nothing taken) if blocks are short."""
         start, bs, m = req.num_computed, self.block_size, self.manager
         need = blocks_needed(start + n, bs) - blocks_needed(start, bs)
-        if n and start % bs and m.ref_count(m.block_table(req.req_id)[-1]) > 1:
+        if n and start % bs and m.ref_count(m.last_block(req.req_id)) > 1:
             need += 1  # (its last block is shared -- forked samples, beams: copied on write)
         left = req.reserved - need
         if need and req.reserved:  # its reservation pays: those blocks go back to be taken
             self._reserve(req, 0)
         elif need > self.manager.num_free_blocks:
-            return False
-        for t in range(start, start + n):
-            m.append_slot(req.req_id, req.token_at(t))
+            return None
+        slots = [m.append_slot(req.req_id, req.token_at(t)) for t in range(start, start + n)]
         if left > 0 and not req.reserved:
             self._reserve(req, left)
-        return True
+        return slots
 
     def _reserve(self, req: Request, blocks: int) -> None:
         """Make ``req``'s reservation ``blocks`` blocks, held by a sequence of their own."""
@@ -292,7 +296,7 @@ class Scheduler:
             self._reserve(req, max(0, hold - len(m.block_table(req.req_id))))
             out.admitted.append(req)
             out.cached_tokens += cached
-            out.chunks.append(Chunk(req, cached, end - cached))
+            out.chunks.append(Chunk(req, cached, end - cached, m.slot_mapping(req.req_id, cached)))
             budget -= end - cached
         if self.scheduling_policy == "prefix" and out.admitted:  # (the aging bound's count)
             for r in self.waiting:

@@ -42,7 +42,7 @@ def check_int(name: str, value, *, minimum: int | None = 0) -> int:
     Raises ``TypeError`` for a non-integer (``bool`` included) and ``ValueError`` below
     ``minimum`` (no lower bound when ``minimum`` is None); both messages name the argument.
     """
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, Integral)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -240,7 +240,8 @@ class BlockAllocator:
 
     def _check_id(self, block_id) -> int:
         """``block_id`` as an ``int`` (NumPy integers are fine) if it names a block."""
-        if isinstance(block_id, bool) or not isinstance(block_id, Integral):
+        if type(block_id) is not int and (isinstance(block_id, bool)
+                                          or not isinstance(block_id, Integral)):
             raise TypeError(
                 f"block_id must be an int, got {type(block_id).__name__} ({block_id!r})"
             )

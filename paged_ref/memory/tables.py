@@ -78,6 +78,10 @@ class BlockTables:
         """Physical block ids of ``seq_id``, in logical order (a copy)."""
         return list(self._table(seq_id))
 
+    def last_block(self, seq_id: Hashable) -> int:
+        """The last block of ``seq_id`` (``block_table(seq_id)[-1]`` without the copy)."""
+        return self._table(seq_id)[-1]
+
     def seq_len(self, seq_id: Hashable) -> int:
         """Tokens held for ``seq_id``."""
         self._table(seq_id)

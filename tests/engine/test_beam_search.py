@@ -236,7 +236,7 @@ def test_scores_without_the_length_penalty_are_caught(tiny, prompts, eos, expect
 
 PLANTED_FREES = {
     "a dropped beam's blocks leak": ("scheduler", 'self._finish(req, "dropped")',
-                                     'self.running.remove(req)\n                req.status = '
+                                     'self.running.remove(req)\n                    req.status = '
                                      'Status.FINISHED'),
     "a dropped beam's shared blocks freed twice": (
         "manager", "                self._allocator.free(block_id)\n        self._copies",

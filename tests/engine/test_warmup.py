@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -105,6 +107,43 @@ def test_warmup_at_construction_and_its_argument(tiny):
     assert Engine(tiny, **POOL, warmup=True).warmup_seconds > 0
     with pytest.raises(TypeError, match="warmup must be a bool"):
         Engine(tiny, **POOL, warmup="yes")
+
+
+@pytest.fixture()
+def unfrozen():
+    """Only explicit collections during the test (an automatic one could free the garbage a
+    planted mistake keeps); a warm-up's ``gc.freeze()`` undone after it."""
+    gc.unfreeze()
+    gc.disable()
+    yield
+    gc.enable()
+    gc.unfreeze()
+
+
+class _Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+@pytest.mark.parametrize("engine_module_or_mutant, caught", [
+    ("as written", None),
+    ("freezes without collecting first", ("        gc.collect()\n", "")),
+    ("never freezes", ("        gc.freeze()\n", "")),
+])
+def test_warmup_collects_then_freezes(tiny, unfrozen, engine_module_or_mutant, caught, tmp_path,
+                                      monkeypatch):
+    """Warm-up ends with gc.collect() then gc.freeze(): what is alive then (the model, the
+    engine) is out of the collector's sweeps, and garbage made before it is not kept."""
+    module = engine_module if caught is None else mutant_of(engine_module, [caught], tmp_path,
+                                                            monkeypatch)
+    engine = module.Engine(tiny, **POOL)
+    garbage = weakref.ref(_Cycle())  # (unreachable from the start, kept alive by its cycle)
+    engine.warmup()
+    problems = ([] if gc.get_freeze_count() > 0 else ["nothing frozen"]) + (
+        [] if garbage() is None else ["garbage made before warm-up frozen with the rest"])
+    assert (problems == []) == (caught is None), problems
 
 
 def test_warmup_after_the_first_request_is_refused(tiny):
