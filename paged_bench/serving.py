@@ -17,11 +17,14 @@ where a curve crosses it (:mod:`paged_course.serving.sweep`).
 Per model: a calibration run (paged, every request at once) fits the per-step cost model
 ``a + b*tokens + c*seqs + d*kv_tokens`` (:mod:`paged_course.serving.cost_model`). With the
 first model's, the CPU simulation (the real scheduler, a null runner, that cost model's time)
-finds each policy's knee; each grid is ``--factors`` x that knee (scaled for the second model
-by the ratio of its step cost), and points that would overrun ``--budget-s`` are dropped
-(said so). Each record keeps the simulated knee beside the measured sustained rate. Every step
-of every run (tokens, seqs, KV tokens, wall seconds; GPU seconds of the runner from CUDA
-events) feeds the committed cost model, which lesson 12 uses for its simulated clock.
+estimates each policy's knee (scaled for the second model by the ratio of its step cost). Each
+curve is then found on the GPU (:func:`paged_course.serving.sweep.sweep_to_knee`): from
+``--start-factor`` x that knee (moved down while its first point is not unloaded), ``--growth``
+x a point until one is past the bound, each curve given an equal share of what is left of
+``--budget-s``. Each point's requests arrive over ``--span-s`` seconds (at least
+``MIN_POINT_REQUESTS``). Each record keeps the simulated knee beside the measured sustained
+rate. Every step of every run (tokens, seqs, KV tokens, wall seconds; GPU seconds of the runner
+from CUDA events) feeds the committed cost model, which lesson 12 uses for its simulated clock.
 
 Writes ``serving.json`` (+ ``serving.png``) to ``--out``: records ``{"model", "policy",
 "dataset", "sustained_rate_rps", "curve": [{"rate_rps", "mean_normalized_latency_s",
@@ -44,16 +47,22 @@ from paged_course.serving.runners import instrument
 MODELS = ("smollm2-135m-real", "llama-3.2-1b-like")
 DATASETS = tuple(workload.LENGTHS)
 FACTORS = "0.5,0.8,1.0,1.2,1.5"
+#: On a GPU each curve is found (``sweep.sweep_to_knee``): from START_FACTOR x the simulated
+#: knee (the 2026-12-02 run's simulated knees were up to 2x the measured ones), GROWTH x a
+#: point until one is past the bound.
+START_FACTOR, GROWTH = 0.3, 1.6
 #: The simulated search for each knee: multiples of the analytic capacity.
 KNEE_FACTORS = (0.3, 0.6, 0.9, 1.2)
 #: Requests of the calibration run (all at once), twice: the first compiles.
 WARM_REQUESTS = 48
-#: Requests per dataset: the simulated knee search's trace, and each GPU point's minimum.
+#: Requests per dataset of the simulated knee search's trace.
 REQUESTS = {"ShareGPT-like": 80, "Alpaca-like": 160}
 #: Each GPU point's requests arrive over this many seconds (``--span-s``): ``rate x span``
 #: requests, so that a high rate is not one burst (2026-12-02: 160 Alpaca-like requests at
 #: the knee arrived in 0.09-0.7 s and the curves measured how fast a burst drains).
 SPAN_S = 6.0
+#: The fewest requests a GPU point has (a low rate's span is longer).
+MIN_POINT_REQUESTS = 30
 #: The most requests one point takes (its trace is cut there, span or not).
 MAX_REQUESTS = 2000
 #: The CPU's tiny simulated config: a 2,048-token pool, reservations of 512 tokens (4 held);
@@ -82,46 +91,6 @@ def simulated_knees(traces: dict, policies, cost: cm.CostModel, num_blocks: int,
     return knees
 
 
-def plan(traces: dict, knees: dict, factors, cost: cm.CostModel, num_blocks: int,
-         block_size: int, scale: float = 1.0, span_s: float | None = None) -> list[dict]:
-    """Per (policy, dataset): the grid (``factors`` x the simulated knee x ``scale``), each
-    point's requests (``rate x span_s``, at least the trace's default count: see
-    :func:`paged_course.serving.sweep.requests_for`; all of the trace when ``span_s`` is None)
-    and its estimated seconds: its arrivals or its service at the knee, whichever is longer,
-    plus the longest request alone (its output at ``cost``'s decode step of the batch the
-    policy fits)."""
-    rows = []
-    for (policy, name), knee in knees.items():
-        trace, knee = traces[name], knee * scale
-        held = sweep.held_at_once(policy, trace, num_blocks, block_size)
-        step = sweep.decode_step_seconds(cost, trace)(max(1, round(held)))
-        longest = max(r.output_len for r in trace.requests) * step
-        rates = sweep.rate_grid(knee, factors)
-        sizes = [len(trace) if span_s is None else
-                 sweep.requests_for(r, span_s, MAX_REQUESTS, len(trace)) for r in rates]
-        rows.append({"policy": policy, "dataset": name, "knee_rps": knee, "rates": rates,
-                     "requests": sizes, "est_s": [max(n / r, n / knee) + longest
-                                                  for n, r in zip(sizes, rates, strict=True)]})
-    return rows
-
-
-def fit_to_budget(rows: list[dict], budget_s: float) -> list[dict]:
-    """Drop the costliest points (the lowest rates first, never a curve's last three) until the
-    plan fits ``budget_s``; says what it dropped."""
-    while sum(sum(r["est_s"]) for r in rows) > budget_s:
-        longer = [r for r in rows if len(r["rates"]) > 3]
-        if not longer:
-            log(f"  the plan ({sum(sum(r['est_s']) for r in rows):.0f} s) is over the budget "
-                f"({budget_s:.0f} s) even at 3 points a curve; points past it are skipped")
-            break
-        worst = max(longer, key=lambda r: r["est_s"][0])
-        log(f"  over budget: dropping {worst['policy']} / {worst['dataset']} at "
-            f"{worst['rates'][0]:.3g} req/s (~{worst['est_s'][0]:.0f} s)")
-        for key in ("rates", "requests", "est_s"):
-            worst[key] = worst[key][1:]
-    return rows
-
-
 def gpu_engine(model, policy: str, args):
     from paged_ref.engine import Engine
 
@@ -141,7 +110,7 @@ def fitted(rows: list[tuple]) -> dict:
 
 
 def run_model(name: str, model, args, result: dict, save, deadline: float, knees: dict) -> None:
-    """Calibrate, plan, sweep every policy x dataset for one model; records into ``result``.
+    """Calibrate, then find every policy x dataset curve for one model; records into ``result``.
     ``knees`` (filled by the first model, reused by the next, scaled by their step costs):
     ``{"step_s": the first model's decode step at batch 16, "rates": {(policy, dataset):
     simulated knee}}``."""
@@ -163,42 +132,40 @@ def run_model(name: str, model, args, result: dict, save, deadline: float, knees
                                                          args.num_blocks, args.block_size))
         log(f"  simulated knees in {time.perf_counter() - t1:.0f} s: " + ", ".join(
             f"{p}/{d} {k:.3g}" for (p, d), k in knees["rates"].items()))
-    rows = fit_to_budget(plan(traces, knees["rates"], args.factors, cost, args.num_blocks,
-                              args.block_size, knees["step_s"] / batch, args.span_s),
-                         deadline - time.perf_counter() - 10)
-    longest = {d: max(n for r in rows if r["dataset"] == d for n in r["requests"])
-               for d in traces}  # each dataset's trace, as long as its largest point needs
-    traces = {d: workload.make_trace(d, max(longest[d], len(t)), 1.0, seed=args.seed,
-                                     max_len=args.max_model_len) for d, t in traces.items()}
-    for r in rows:
-        log(f"  plan {r['policy']:>14} {r['dataset']:>13}: knee ~{r['knee_rps']:.3g} req/s, "
-            f"rates {r['rates']}, ~{sum(r['est_s']):.0f} s")
+    scale = knees["step_s"] / batch  # (this model's steps against the first model's)
+    traces = {d: workload.make_trace(d, MAX_REQUESTS, 1.0, seed=args.seed,
+                                     max_len=args.max_model_len) for d in traces}
     curves: dict[str, dict[str, list]] = {d: {} for d in traces}
-    runs, gpu_times = calib[1:], []
+    runs, gpu_times, left = calib[1:], [], len(args.policies) * len(traces)
     for policy in args.policies:
         engine = paged if policy == "paged" else gpu_engine(model, policy, args)
-        for r in (r for r in rows if r["policy"] == policy):
-            left = deadline - time.perf_counter()
-            rates = [x for x, est in zip(r["rates"], r["est_s"], strict=True) if est < left]
-            if not rates:
-                log(f"  {policy} / {r['dataset']}: skipped (out of time)")
+        for d, trace in traces.items():
+            knee = knees["rates"][policy, d] * scale
+            share = (deadline - time.perf_counter()) / left  # (this curve's part of the time)
+            left -= 1
+            if share < 5:
+                log(f"  {policy} / {d}: skipped (out of time)")
                 continue
-            log(f"{name} {policy} {r['dataset']} ({len(traces[r['dataset']])} requests):")
-            curves[r["dataset"]][policy] = sweep.sweep_policy(
-                lambda e=engine: e, traces[r["dataset"]], rates, driver.WallClock,
-                max_seconds=args.max_point_s, progress=log, keep=runs, span_s=args.span_s,
-                min_requests=args.requests[r["dataset"]])
+            log(f"{name} {policy} {d}: simulated knee ~{knee:.3g} req/s, from "
+                f"{knee * args.start_factor:.3g} req/s, ~{share:.0f} s")
+            curves[d][policy] = sweep.sweep_to_knee(
+                lambda e=engine: e, trace, knee * args.start_factor, driver.WallClock,
+                unloaded_s=sweep.decode_step_seconds(cost, trace)(1), growth=args.growth,
+                deadline=time.perf_counter() + share, max_seconds=args.max_point_s,
+                progress=log, keep=runs, span_s=args.span_s,
+                min_requests=MIN_POINT_REQUESTS)
+            result["knees"].append({"model": name, "policy": policy, "dataset": d,
+                                    "simulated_knee_rps": knee})
         gpu_times += [(s.tokens, s.seqs, s.kv_tokens, g) for s, g in engine.runner.times]
         del engine
     del paged
     for d, c in curves.items():
         for rec in sweep.records(c, d) if c else []:
-            plan_row = next(r for r in rows if (r["policy"], r["dataset"]) == (rec["policy"], d))
-            result["results"].append({"model": name, **rec,
-                                      "simulated_knee_rps": plan_row["knee_rps"]})
+            knee = next(k["simulated_knee_rps"] for k in result["knees"] if (
+                k["model"], k["policy"], k["dataset"]) == (name, rec["policy"], d))
+            result["results"].append({"model": name, **rec, "simulated_knee_rps": knee})
     result["cost_models"][name] = {"wall": fitted(step_rows(runs)), "gpu": fitted(gpu_times),
                                    "calibration": cost.to_dict()}
-    result["plans"][name] = rows
     save()
 
 
@@ -246,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=parse_requests, default="",
                    help="per dataset, e.g. ShareGPT-like=80,Alpaca-like=160 (the defaults)")
     p.add_argument("--factors", type=lambda s: [float(x) for x in s.split(",")], default=FACTORS,
-                   help="each policy's rates, as multiples of its knee (on a GPU: the "
-                   "simulated sustained rate; on a CPU: the estimated capacity)")
+                   help="the CPU's simulated run: each policy's rates, as multiples of its "
+                   "estimated capacity (a GPU finds its rates: --start-factor, --growth)")
+    p.add_argument("--start-factor", type=float, default=START_FACTOR,
+                   help="on a GPU each curve starts at this x the simulated knee")
+    p.add_argument("--growth", type=float, default=GROWTH,
+                   help="on a GPU each next rate is this x the last (until past the bound)")
     p.add_argument("--num-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -282,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                    "kv_budget_tokens": args.num_blocks * args.block_size,
                    "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
                    "requests": args.requests, "span_s": args.span_s, "cost_models": {},
-                   "plans": {}})
+                   "start_factor": args.start_factor, "growth": args.growth, "knees": []})
     models = [m for m in args.models if m != "smollm2-135m-real" or has_gguf()]
     knees: dict = {}
     for i, name in enumerate(models):

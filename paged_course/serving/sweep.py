@@ -18,6 +18,7 @@ interpolate against).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from paged_course.serving.cost_model import CostModel, StepShape
@@ -165,6 +166,48 @@ def sweep_policy(make_engine: Callable[[], object], trace: Trace, rates: Sequenc
                      f"{p['p99_ttft_s']:7.3f} s, {p['mean_running']:5.1f} running"
                      + (" (truncated)" if p["truncated"] else ""))
     return points
+
+
+def sweep_to_knee(make_engine: Callable[[], object], trace: Trace, first_rate: float,
+                  clock_factory: Callable[[], object], *, unloaded_s: float,
+                  growth: float = 1.6, max_points: int = 7, factor: float = BOUND_FACTOR,
+                  deadline: float | None = None, **run_kw) -> list[dict]:
+    """One curve found rather than planned (a GPU's knees are not known in advance): rates
+    from ``first_rate`` up, ``growth`` x each time, until a point is above ``factor`` x the
+    first point's mean normalized latency (or truncated) -- the knee crossed, so the sustained
+    rate at any bound up to that one lies between two measured points.
+
+    The first point must be unloaded: while its latency is above 1.5 x ``unloaded_s`` (the
+    latency alone, e.g. the cost model's decode step at batch 1, s/token), the start moves
+    down by ``growth ** 2`` (at most twice). Stops early at ``max_points`` points, or before a
+    point once ``deadline`` (``time.perf_counter()`` s) has passed. Returns the
+    :func:`~paged_course.serving.driver.summarize` points in rate order; ``run_kw``:
+    :func:`sweep_policy`'s options (``span_s``, ``max_seconds``, ``progress``, ...)."""
+    if not (first_rate > 0 and growth > 1 and unloaded_s > 0):
+        raise ValueError(f"need first_rate > 0, growth > 1, unloaded_s > 0; got {first_rate}, "
+                         f"{growth}, {unloaded_s}")
+    points: list[dict] = []
+
+    def measure(rate: float) -> dict:
+        points.extend(sweep_policy(make_engine, trace, [rate], clock_factory, **run_kw))
+        return points[-1]
+
+    rate, first = first_rate, measure(first_rate)
+    for _ in range(2):
+        if not _above(first, 1.5 * unloaded_s):
+            break
+        rate /= growth**2
+        first = measure(rate)
+    bound = factor * first["mean_normalized_latency_s"]
+    while len(points) < max_points:
+        within = [p["rate_rps"] for p in points if not _above(p, bound)]
+        above = [p["rate_rps"] for p in points if _above(p, bound)]
+        if not within or (above and max(within) * growth >= min(above) * 0.99):
+            break  # (the crossing lies between two points at most ``growth`` apart)
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        measure(max(within) * growth)
+    return sorted(points, key=lambda p: p["rate_rps"])
 
 
 def records(curves: dict[str, list[dict]], dataset: str,

@@ -409,3 +409,47 @@ def test_points_sized_in_seconds_arrive_over_the_span_at_every_rate():
         sweep.requests_for(1.0, 0.0, 10)
     with pytest.raises(ValueError, match="n must be"):
         trace.head(0)
+
+
+class _ServingFake(FakeEngine):
+    """FakeEngine taking the driver's SamplingParams; at most 8 requests at once."""
+
+    def __init__(self):
+        super().__init__(max_running=8)
+
+    def add_request(self, prompt_ids, params, *, arrival_time=None):
+        return super().add_request(prompt_ids, params.max_tokens, arrival_time=arrival_time)
+
+
+def _knee_sweep(first_rate, **kw):
+    trace = workload.make_trace("Alpaca-like", 400, 1.0, seed=5, max_len=256)
+    engine = _ServingFake()
+    kw = {"unloaded_s": 10e-3, "span_s": 4.0, "min_requests": 30, **kw}
+    return sweep.sweep_to_knee(lambda: engine, trace, first_rate, lambda: driver.SimulatedClock(
+        CostModel(10e-3, 0, 0, 0)), **kw)
+
+
+def test_sweep_to_knee_stops_one_step_past_the_bound():
+    """8 at once, 10 ms a step, ~56 tokens a request: the knee is near 8 / 0.56 s ~ 14 req/s.
+    From 3 req/s it grows 1.6x a point until a point is above 2x the first's latency; the
+    sustained rate at that bound is then bracketed by two points 1.6x apart."""
+    points = _knee_sweep(3.0)
+    rates = [p["rate_rps"] for p in points]
+    lat = [p["mean_normalized_latency_s"] for p in points]
+    bound = 2 * lat[0]
+    assert rates[0] == 3.0 and all(b == pytest.approx(a * 1.6)
+                                   for a, b in zip(rates, rates[1:], strict=False))
+    assert lat[-1] > bound and all(x <= bound for x in lat[:-1]), lat
+    assert 3 <= len(points) <= 7 and 14 < rates[-1] < 14 * 1.6**2, rates
+    assert sweep.sustained_rate(points, bound)[0] is not None
+
+
+def test_sweep_to_knee_moves_a_loaded_start_down_and_respects_its_limits():
+    loaded = _knee_sweep(40.0)  # (far past the knee: its first point is no unloaded latency)
+    assert loaded[0]["rate_rps"] < 40.0 / 1.6**2 * 1.01
+    assert _knee_sweep(1.0, max_points=2).__len__() == 2
+    assert len(_knee_sweep(1.0, deadline=0.0)) == 1  # (the first point, then out of time)
+    with pytest.raises(ValueError, match="growth"):
+        _knee_sweep(1.0, growth=1.0)
+    with pytest.raises(ValueError, match="first_rate"):
+        _knee_sweep(0.0)
