@@ -32,6 +32,7 @@ FILES = {
     "h200/quant.json": "decode, FP8 / INT4 caches (10)",
     "h200/quant.png": "plot of quant.json",
     "h200/engine.json": "engine suite (09)",
+    "h200/engine_busy.json": "engine wall vs GPU busy time, 256 x 128, 1B-like (09, 12)",
     "h200/engine.png": "plot of engine.json",
     "h200/engine_smollm2_real.json": "engine on SmolLM2's real weights (09)",
     "h200/engine_smollm2_same_machine.json": "real vs random weights (09)",
@@ -89,6 +90,7 @@ def cases_of(rows) -> list[str]:
 def decode_section() -> str:
     d = load("h200/decode.json")
     cols = ["auto", "auto_planned", "auto_graph", "sdpa_contiguous", "flashinfer"]
+    older = d.get("rows_from_an_earlier_run")
     rows = []
     for case in cases_of(d["results"]):
         cells = []
@@ -99,7 +101,8 @@ def decode_section() -> str:
     return (f"## Decode (`python -m paged_bench decode`)\n\n{stamp(d)} ms and % of copy bandwidth "
             f"({d['copy_bw_gbps']:.0f} GB/s). `auto`: the public call without a plan (checks "
             "included); `auto_planned`: with `plan_decode`; `auto_graph`: replayed from a CUDA "
-            "graph; the peers on the same inputs.\n\n" + table(["case", *cols], rows))
+            "graph; the peers on the same inputs." + (f" Note: {older}." if older else "")
+            + "\n\n" + table(["case", *cols], rows))
 
 
 def prefill_section() -> str:
@@ -147,24 +150,39 @@ def engine_section() -> str:
     return (f"## Engine (`python -m paged_bench engine`)\n\n{stamp(d)} {d['num_requests']} "
             f"requests x {d['output_len']} new tokens, random bf16 weights; output tok/s.\n\n"
             + table(["shape", "engine", "generate_batch", "static batches", "engine TTFT s"],
-                    rows)
+                    rows) + busy_line()
             + "\n\nOne decode step replayed from its CUDA graph against its roofline (weights + "
               "KV bytes at copy bandwidth):\n\n"
             + table(["shape", "batch", "ms", "roofline ms", "x roofline"], steps))
 
 
+def busy_line() -> str:
+    """The newer engine run's wall time against the GPU's busy time (engine_busy.json)."""
+    d = load("h200/engine_busy.json")
+    e = d["throughput"][0]
+    return (f"\n\nWall / GPU busy ({e['shape']}, {d['date']}, `{d['commit']}`): "
+            f"**{e['engine']['wall_over_gpu_busy']:.2f}x** (wall {e['engine']['seconds']:.2f} s, "
+            f"busy {e['engine']['gpu_busy_s']:.2f} s, {e['engine']['output_tok_s']:,.0f} tok/s).")
+
+
 def serving_section() -> str:
     d = load("h200/serving.json")
+    policies = list(dict.fromkeys(r["policy"] for r in d["results"]))
     rows = []
-    for r in d["results"]:
-        rate = r["sustained_rate_rps"]
-        at_least = ">= " if r["sustained_is_lower_bound"] else ""
-        shown = "-" if rate is None else f"{at_least}{rate:,.1f}"
-        rows.append([r["model"], r["dataset"], r["policy"], shown,
-                     f"{r['latency_bound_s'] * 1e3:.2f}"])
+    for model, dataset in dict.fromkeys((r["model"], r["dataset"]) for r in d["results"]):
+        recs = {r["policy"]: r for r in d["results"]
+                if (r["model"], r["dataset"]) == (model, dataset)}
+        cells = []
+        for p in policies:
+            r = recs.get(p)
+            rate = r and r["sustained_rate_rps"]
+            at_least = ">= " if r and r["sustained_is_lower_bound"] else ""
+            cells.append("-" if rate is None else f"{at_least}{rate:,.1f}")
+        bound = next(iter(recs.values()))["latency_bound_s"]
+        rows.append([model, dataset, *cells, f"{bound * 1e3:.2f}"])
     return (f"## Serving under load (`python -m paged_bench serving`)\n\n{stamp(d)} Sustained "
-            "rate: the highest Poisson rate under the latency bound (`>=`: all were).\n\n"
-            + table(["model", "dataset", "policy", "req/s", "bound ms/token"], rows))
+            "rate (req/s): the highest Poisson rate under the latency bound (`>=`: all were).\n\n"
+            + table(["model", "dataset", *policies, "bound ms/token"], rows))
 
 
 def transfer_section() -> str:
@@ -174,8 +192,7 @@ def transfer_section() -> str:
             if r["backend"] == "transfer_packed"]
     return (f"## Two GPUs (`python -m paged_bench transfer`)\n\n{stamp(d)} NCCL send/recv "
             f"{d['nccl_sendrecv_gbps']:.0f} GB/s.\n\n"
-            + table(["prompt", "how", "ms", "GB/s", "% of NCCL"], rows)
-            + "\n\nPer layer and per block: lesson 11 and the file.")
+            + table(["prompt", "how", "ms", "GB/s", "% of NCCL"], rows))
 
 
 def sharing_section() -> str:
