@@ -189,7 +189,8 @@ class Engine:
                     for r in c.request.samplers(self._generator)]
             step, reqs = self._layout(out, [b for b, _ in rows]), [r for _, r in rows]
             got = (self.runner.top_logprobs(step, logprobs) if logprobs else
-                   self.runner.execute(step, self._sampling(reqs)))
+                   self.runner.execute(step, SamplingBatch.of(
+                       [r.params for r in reqs], [r.generator for r in reqs])))
             now = time.perf_counter()
             finished = sched.update(out, pick(reqs, got))
         except BaseException:
@@ -228,10 +229,9 @@ class Engine:
         it was: no block held, nothing cached, stats zero, request ids and the RNGs as they
         were. Returns the seconds it took (also ``warmup_seconds``). RuntimeError after the
         first request: its blocks and cached prefixes would be the dummies' to overwrite.
-        It ends with ``gc.freeze()`` (as vLLM's start-up does): the objects alive then (model,
-        engine, compiled kernels) leave the sweeps of Python's cyclic collector, process-wide;
-        a full sweep over them stalled a first ``generate`` mid-decode (``paged_bench warmup``
-        records each call's collector pauses)."""
+        It ends with ``gc.freeze()``, as vLLM's start-up does: what is alive then (model, engine,
+        kernels) leaves the sweeps of Python's cyclic collector, process-wide (``paged_bench
+        warmup`` records the collector's pauses in each ``generate``)."""
         from paged_ref.models.warmup import run_warmup
 
         if self._next_id:
@@ -284,16 +284,6 @@ class Engine:
     def _generator(self, seed: int | None) -> torch.Generator | None:  # (None: the global RNG)
         return None if seed is None else torch.Generator(self.runner.device).manual_seed(seed)
 
-    @staticmethod
-    def _sampling(reqs: list[Request]) -> SamplingBatch | None:
-        """The sampling rows among ``reqs`` (the step's sampled requests), None if all greedy."""
-        rows = [i for i, r in enumerate(reqs) if r.params and not r.params.greedy]
-        if not rows:
-            return None
-        ps = [reqs[i].params for i in rows]
-        return SamplingBatch(rows, [p.temperature for p in ps], [p.top_p for p in ps],
-                             [p.top_k for p in ps], [reqs[i].generator for i in rows])
-
     def _layout(self, out, sample_rows: list[int]) -> StepInputs:
         """The scheduled chunks (a ``SchedulerOutput``) as one flat batch for the runner."""
         m = self.scheduler.manager
@@ -302,9 +292,10 @@ class Engine:
             req = chunk.request
             if chunk.num_tokens == 1:  # decode: the token sampled last step
                 step.input_ids.append(req.token_at(chunk.start))
+                step.positions.append(chunk.start)
             else:
                 step.input_ids.extend(req.tokens[chunk.start:chunk.end])
-            step.positions.extend(range(chunk.start, chunk.end))
+                step.positions.extend(range(chunk.start, chunk.end))
             step.slot_mapping.extend(chunk.slots)
             step.query_start_loc.append(len(step.input_ids))
             step.seq_lens.append(chunk.end)

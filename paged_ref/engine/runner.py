@@ -30,6 +30,7 @@ from paged_ref import paged_prefill, plan_decode, plan_prefill
 from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
 from paged_ref.memory.storage import PagedKVCache
+from paged_ref.memory.tables import padded_tables
 from paged_ref.models import fused
 from paged_ref.models.compat import head_dim_of
 from paged_ref.sampling.sampler import SamplingBatch, sample
@@ -218,7 +219,8 @@ class ModelRunner:
 
     def _attend(self, step: StepInputs):
         """``attend(layer, q)`` for :meth:`forward`: decode (planned) or prefill attention."""
-        c, tables = self.cache, self._tables(step.block_tables, len(step.block_tables))
+        c, tables = self.cache, padded_tables(step.block_tables,
+                                              len(step.block_tables)).to(self.device)
         seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32, device=self.device)
         if step.is_decode:
             plan = plan_decode(step.seq_lens, **self.plan_args)
@@ -229,13 +231,6 @@ class ModelRunner:
                             **self.plan_args)  # one plan a step: no layer reads a value back
         return lambda i, q: paged_prefill(q, c.k_caches[i], c.v_caches[i], tables, seq_lens,
                                           qsl, plan=plan)
-
-    def _tables(self, block_tables: list[list[int]], rows: int) -> torch.Tensor:
-        """Block tables as int32 ``[rows, longest]`` (short rows, padding rows: 0, never read)."""
-        out = np.zeros((rows, max(1, max(len(t) for t in block_tables))), dtype=np.int32)
-        for row, table in enumerate(block_tables):
-            out[row, :len(table)] = table
-        return torch.from_numpy(out).to(self.device)
 
     # ---- CUDA graphs for decode steps ---------------------------------------------------------
 
@@ -289,7 +284,7 @@ class ModelRunner:
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
         pad = bucket - batch
-        tables = self._tables(step.block_tables, bucket)
+        tables = padded_tables(step.block_tables, bucket)
         host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
                              step.slot_mapping + [self.scratch_slot] * pad,
                              step.seq_lens + [0] * pad])  # padding rows: length 0

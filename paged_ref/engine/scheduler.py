@@ -6,27 +6,24 @@ chunk or several (chunked prefill); after a preemption by recompute, the prompt 
 tokens generated so far are one long prompt again. Every step:
 
 1. **Running requests first**, oldest first: each gets ``min(tokens it still needs, budget
-   left)`` tokens. When their slots need a block and none is free, a running request is
-   preempted (:func:`~paged_ref.engine.policy.choose_victim`) and its blocks freed.
+   left)`` tokens (decodes with a block free for each: all at once). When their slots need a
+   block and none is free, a running request is preempted (``choose_victim``), blocks freed.
 2. **Then waiting requests**, first come first served (or, with ``scheduling_policy=
    "prefix"``, longest cached prefix first: :func:`~paged_ref.engine.policy.admission_order`),
    while seats, token budget and free blocks last (:func:`~paged_ref.engine.policy.
    admit_count`); none in a step that preempted.
    With prefix caching a new request's leading full blocks may be cached: it computes the rest.
 
-Slots are taken when a chunk is scheduled (``append_slot`` with the token id, which feeds the
-prefix cache's hash) and the chunk is computed in the same step; if the step fails instead,
-:meth:`Scheduler.rollback` aborts every request the step scheduled, and any whose blocks run ahead
-of its computed tokens (``free_sequence(num_computed=...)``: no hash is left over K/V never
-written).
+Slots are taken when a chunk is scheduled (``append_slot`` with the token id: the prefix
+cache's hash) and computed in the same step; if it fails, :meth:`Scheduler.rollback` aborts
+every request it scheduled, and any whose blocks run ahead of its computed tokens (no hash is
+left over K/V never written).
 
 ``"recompute"`` preemption frees the victim's blocks (prefix-cache hits are not recomputed);
 ``"swap"`` adds a host tier as large as the pool, where evicted cached blocks spill and from
-where a hit copies them back; ``num_host_blocks`` sizes it (with either mode), and a
-``disk_tier`` under it takes what it drops, read ahead each step for the requests waiting
-(``KVCacheManager.prefetch``), read back when one is admitted. A reservation policy
-(:func:`~paged_ref.engine.policy.reserved_tokens`) admits a request only when all its blocks
-are free, and holds them to the end.
+where a hit copies them back (``num_host_blocks`` sizes it, in either mode); a ``disk_tier``
+under it takes what it drops, read ahead for the waiting requests (``prefetch``). A reservation
+policy (``policy.reserved_tokens``) admits a request only when all its blocks are free.
 """
 
 from __future__ import annotations
@@ -150,8 +147,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick the chunks of the next step, taking slots for them (see the module doc). If
         anything raises meanwhile (a policy function, the manager), :meth:`rollback` first."""
-        out, budget, i = SchedulerOutput(), self.max_num_batched_tokens, 0
+        out, budget = SchedulerOutput(), self.max_num_batched_tokens
         try:
+            i = self._schedule_decodes(out, budget)  # (most steps: every running request)
+            budget -= i
             while i < len(self.running) and budget > 0:
                 req = self.running[i]
                 n = min(req.num_to_compute, budget)
@@ -243,6 +242,20 @@ class Scheduler:
         return stale
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """Schedule the leading running requests that decode (one token, no reservation) at
+        once while the pool has a block free for each (a decode takes one at most: a new one or
+        a copy on write): the per-request path's result without its questions. Returns how many."""
+        m, n = self.manager, 0
+        limit = min(len(self.running), budget, m.num_free_blocks)
+        while n < limit and not self.running[n].reserved and self.running[n].num_to_compute == 1:
+            n += 1
+        for req in self.running[:n]:
+            start = req.num_computed
+            out.chunks.append(Chunk(req, start, 1, [m.append_slot(req.req_id,
+                                                                  req.token_at(start))]))
+        return n
 
     def _take_slots(self, req: Request, n: int) -> list[int] | None:
         """Slots for ``req``'s next ``n`` tokens, or None (nothing taken) if blocks are short."""

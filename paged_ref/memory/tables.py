@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 
+import numpy as np
 import torch
 
 from paged_ref.cache_math import blocks_needed, token_slots
@@ -199,3 +200,13 @@ class BlockTables:
         if not self.has_sequence(seq_id):
             raise ValueError(f"unknown sequence {seq_id!r}")
         return self._tables[seq_id]
+
+
+def padded_tables(block_tables: list[list[int]], rows: int) -> torch.Tensor:
+    """Block tables (lists of block ids) as one int32 CPU tensor ``[rows, longest]``: short
+    rows and the rows past ``len(block_tables)`` (a CUDA graph's padding) hold 0, never read
+    (their lengths stop the kernels first)."""
+    out = np.zeros((rows, max(1, max(len(t) for t in block_tables))), dtype=np.int32)
+    for row, table in enumerate(block_tables):
+        out[row, :len(table)] = table
+    return torch.from_numpy(out)

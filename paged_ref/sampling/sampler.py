@@ -31,6 +31,17 @@ class SamplingBatch:
     top_k: list[int]
     generators: list[torch.Generator | None]
 
+    @classmethod
+    def of(cls, params: list, generators: list) -> SamplingBatch | None:
+        """The batch of a step's sampled rows: each one's ``SamplingParams`` (or None: greedy)
+        and generator; None if every row is greedy."""
+        rows = [i for i, p in enumerate(params) if p and not p.greedy]
+        if not rows:
+            return None
+        ps = [params[i] for i in rows]
+        return cls(rows, [p.temperature for p in ps], [p.top_p for p in ps],
+                   [p.top_k for p in ps], [generators[i] for i in rows])
+
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token per row of ``logits`` (float ``[R, V]``, R = ``len(batch.rows)``): int64 ``[R]``

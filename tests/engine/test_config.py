@@ -9,6 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from paged_ref import _device as device_module  # noqa: E402
 from paged_ref.engine import Engine, SamplingParams  # noqa: E402
 from paged_ref.engine import engine as engine_module  # noqa: E402
 from paged_ref.engine import scheduler as scheduler_module  # noqa: E402
@@ -108,14 +109,14 @@ def test_prompts_of_floats_or_other_shapes_are_type_errors(tiny, prompt_and_toke
 # ---- scenario 6 planted back: each check removed must be caught ---------------------------
 
 PLANTED_CONFIG = {
-    "backends not checked": (engine_module, [(
-        "        if value not in BACKENDS:\n", "        if False:\n")]),
+    "backends not checked": (device_module, [(
+        "        if value not in ENGINE_BACKENDS:\n", "        if False:\n")]),
     "max_model_len=0 becomes the default": (engine_module, [(
         "if max_model_len is None\n", "if not max_model_len\n")]),
     "EOS ids iterated (a string becomes its digits)": (engine_module, [(
         'as_token_ids("eos_token_id", eos_token_id, scalar=True)',
         "[int(t) for t in eos_token_id]")]),
-    "cuda_graphs not checked (AssertionError mid-construction)": (engine_module, [(
+    "cuda_graphs not checked (AssertionError mid-construction)": (device_module, [(
         'if cuda_graphs and device.type != "cuda":', "if False:")]),
     "a float max_num_seqs accepted": (scheduler_module, [(
         'self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, minimum=1)',
@@ -133,6 +134,8 @@ def test_planted_config_bug_is_caught(tiny, monkeypatch, tmp_path, name):
     mutant = mutant_of(module, edits, tmp_path, monkeypatch)
     if module is scheduler_module:
         monkeypatch.setattr(engine_module, "Scheduler", mutant.Scheduler)
+    if module is device_module:  # (the engine's checks of its backends live there)
+        monkeypatch.setattr(engine_module, "_device", mutant)
     cls = mutant.Engine if module is engine_module else Engine
     with pytest.raises((pytest.fail.Exception, AssertionError)):
         check_refusals(cls, tiny)

@@ -215,6 +215,10 @@ def test_reservation_holds_the_hand_counted_requests(tiny, policy, held, free_af
     got = engine.generate(prompts, 10, ignore_eos=True, on_step=events.append)
     assert engine.stats.max_running == held
     assert events[0].num_free_blocks == free_after_first_step, "reserved blocks are taken"
+    if policy != "paged":  # a reservation pays for the blocks its request grows into
+        each = (40 - free_after_first_step) // held
+        assert [e.num_free_blocks for e in events] == [40 - each * len(e.block_tables)
+                                                       for e in events]
     assert (engine.stats.preemptions > 0) == (policy == "paged")
     assert got == [hf_greedy(tiny, p, 10) for p in prompts]
     assert_idle_and_whole(engine)
