@@ -7,6 +7,8 @@
 # (and build/triton_cache.tar.xz, the $OUT/triton_cache.tar.xz of an earlier call, if any).
 #   PAGED_REF_COMMIT=<hash> bash tools/gpu/suite.sh [pytest arguments]
 # SUITE_TESTS="tests/a.py tests/b.py::test_c" runs those instead of the whole of tests/.
+# SUITE_SHARD=k/n runs the k-th of n shares of the test files (sorted, every n-th from the k-th,
+# browser tests aside): the whole suite in n calls (carry the Triton cache from one to the next).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/suite_out}; mkdir -p "$OUT"
@@ -25,12 +27,17 @@ mkdir -p "$TRITON_CACHE_DIR"
 if [ -f build/triton_cache.tar.xz ]; then
     tar -C "$TRITON_CACHE_DIR" -xJf build/triton_cache.tar.xz
 fi
+if [ -n "${SUITE_SHARD:-}" ]; then
+    k=${SUITE_SHARD%/*} n=${SUITE_SHARD#*/}
+    SUITE_TESTS=$(find tests -name 'test_*.py' -not -path 'tests/browser/*' | sort \
+        | awk -v k="$k" -v n="$n" '(NR - 1) % n == (k - 1) % n' | tr '\n' ' ')
+fi
 LOG="$OUT/suite.log"
 export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (tests/conftest.py)
 {
     echo "# pytest tests on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
-    echo "# date $(date -u +%Y-%m-%d), commit ${PAGED_REF_COMMIT:-unknown}"
+    echo "# date $(date -u +%Y-%m-%d), commit ${PAGED_REF_COMMIT:-unknown}${SUITE_SHARD:+, shard $SUITE_SHARD}"
 } | tee "$LOG"
 # shellcheck disable=SC2086  (SUITE_TESTS is a list of test paths and ids)
 timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore=tests/browser -q -ra \
