@@ -221,9 +221,22 @@ def busy_seconds(events) -> float:
     return busy / 1e6
 
 
-def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) -> dict:
-    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline,
-    and the kernels it launches (per step and per layer, the embedding and LM head included)."""
+def step_roofline_ms(weight_bytes: int, kv_bytes: int, batch: int, copy_bw_gbps: float,
+                     matmul_tflops: float, element_size: int = 2) -> float:
+    """A decode step's lower bound, ms: its matmuls at whichever binds -- the weights read once
+    at copy bandwidth, or ``2 x batch`` FLOPs per weight at the matmul rate (at batch 256 on an
+    H200 the FLOPs do) -- plus the K/V read once at copy bandwidth."""
+    weights_ms = weight_bytes / (copy_bw_gbps * 1e9) * 1e3
+    flops_ms = 2 * batch * (weight_bytes / element_size) / (matmul_tflops * 1e12) * 1e3
+    return max(weights_ms, flops_ms) + kv_bytes / (copy_bw_gbps * 1e9) * 1e3
+
+
+def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float,
+                matmul_tflops: float | None = None) -> dict:
+    """One CUDA-graph decode step of ``batch`` requests of ``seq_len`` tokens vs its roofline
+    (``roofline_ms``: every byte once at copy bandwidth; with ``matmul_tflops``, also
+    :func:`step_roofline_ms`'s, where the matmuls may be bound by FLOPs), and the kernels it
+    launches (per step and per layer, the embedding and LM head included)."""
     from paged_course.timing import time_ms
     from paged_ref.engine.runner import StepInputs
 
@@ -250,7 +263,13 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float) ->
                                               head_dim=runner.head_dim, dtype=runner.dtype)
     w = weight_bytes(model)
     roofline_ms = (w + kv) / (copy_bw_gbps * 1e9) * 1e3
-    return {"batch": batch, "seq_len": seq_len, "ms": ms, "graph_ms": graph_ms,
+    bound = {}
+    if matmul_tflops is not None:
+        r = step_roofline_ms(w, kv, batch, copy_bw_gbps, matmul_tflops,
+                             next(model.parameters()).element_size())
+        bound = {"roofline_with_matmul_ms": r,
+                 "x_roofline_with_matmul_graph": graph_ms / r if graph_ms else None}
+    return {"batch": batch, "seq_len": seq_len, "ms": ms, "graph_ms": graph_ms, **bound,
             "x_roofline_graph": graph_ms / roofline_ms if graph_ms else None,
             "weight_bytes": w, "kv_bytes": kv,
             "roofline_ms": roofline_ms, "x_roofline": ms / roofline_ms,
@@ -386,11 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU here: the engine benchmark runs on a GPU (committed results: "
               "results/h200/engine.json)")
         return 0
-    from paged_course.timing import copy_bandwidth_gbps
+    from paged_course.timing import copy_bandwidth_gbps, matmul_tflops
 
     args.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(), "num_requests": args.num_requests,
               "output_len": args.output_len, "copy_bw_gbps": copy_bandwidth_gbps(),
+              "matmul_tflops": matmul_tflops(),
               "throughput": [], "decode_step": [], "fit_sweep": []}
     try:
         import transformers
@@ -417,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                     for batch in (64, 256):
                         result["decode_step"].append({"shape": shape, **decode_step(
                             engine, model, batch, int(row["mean_prompt"]) + args.output_len,
-                            result["copy_bw_gbps"])})
+                            result["copy_bw_gbps"], result["matmul_tflops"])})
                     del engine
                 elif name == "static_generate":
                     row[name] = run_static(model, prompts, args.output_len, args.static_batch)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_bench.engine import busy_seconds
+from paged_bench.engine import busy_seconds, step_roofline_ms
 
 
 def event(start_us: float, end_us: float):
@@ -23,3 +23,17 @@ def event(start_us: float, end_us: float):
 ])
 def test_busy_time_is_the_union_of_the_kernels_time_ranges(ranges, busy_us):
     assert busy_seconds([event(a, b) for a, b in ranges]) == pytest.approx(busy_us / 1e6)
+
+
+def test_the_step_roofline_takes_whichever_binds_the_matmuls():
+    """The 1B-like shape on an H200 (2.47 GB of bf16 weights, 4,274 GB/s, 680 TFLOP/s): at
+    batch 64 the weights' bytes bind (0.578 ms), at batch 256 the FLOPs do (2 x 256 x 1.24e9
+    = 0.63 TFLOP: 0.931 ms); the K/V is read once on top either way."""
+    w, bw, peak = 2_471_628_800, 4273.6, 680.0
+    kv64, kv256 = 595_591_168, 2_382_364_672
+    assert step_roofline_ms(w, kv64, 64, bw, peak) == pytest.approx((w + kv64) / bw / 1e6)
+    assert step_roofline_ms(w, kv256, 256, bw, peak) == pytest.approx(
+        2 * 256 * w / 2 / 680e12 * 1e3 + kv256 / bw / 1e6)
+    assert step_roofline_ms(w, kv256, 256, bw, peak) == pytest.approx(1.488, abs=1e-3)
+    assert step_roofline_ms(w, kv256, 256, bw, peak, element_size=4) < step_roofline_ms(
+        w, kv256, 256, bw, peak)  # (float32 weights: half the FLOPs per byte)
