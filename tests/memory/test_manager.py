@@ -373,3 +373,14 @@ class ManagerMachine(RuleBasedStateMachine):
 
 ManagerMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
+
+
+def test_padded_tables_are_the_tables_then_zeros():
+    """The runner's tables: row i holds table i then zeros, rows past the tables (a CUDA graph's
+    padding) are zeros, one column at least; int32 on the CPU."""
+    from paged_ref.memory.tables import padded_tables
+
+    got = padded_tables([[7, 3, 9], [], [5]], 5)
+    assert got.dtype == torch.int32 and got.device.type == "cpu"
+    assert got.tolist() == [[7, 3, 9], [0, 0, 0], [5, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert padded_tables([[]], 2).tolist() == [[0], [0]]
