@@ -296,3 +296,13 @@ def test_parallel_samples_first_tokens_follow_the_softmax(tiny, prompts):
     assert engine.stats.computed_tokens == len(prompts[1]), "the prompt computed more than once"
     counts = torch.bincount(torch.tensor([g[0] for g in got]), minlength=256).tolist()
     assert_binomial(counts, (logits / temperature).softmax(-1), n)
+
+
+def test_sampling_batch_of_a_step_keeps_the_sampling_rows_only():
+    greedy, hot = SamplingParams(), SamplingParams(temperature=0.7, top_k=5, top_p=0.9)
+    assert SamplingBatch.of([greedy, None, greedy], [None] * 3) is None
+    gen = torch.Generator().manual_seed(0)
+    got = SamplingBatch.of([greedy, hot, None, hot], [None, gen, None, None])
+    assert (got.rows, got.temperature, got.top_k, got.top_p) == ([1, 3], [0.7, 0.7], [5, 5],
+                                                                [0.9, 0.9])
+    assert got.generators[0] is gen and got.generators[1] is None
