@@ -164,8 +164,8 @@ class Engine:
                 for head, new in self._step_tokens().items()]
 
     def _step_tokens(self) -> dict[Request, list[int]]:
-        """:meth:`step` but its outputs (``generate`` runs this): each request (a head) that
-        got a token -> its own new tokens (its samples' are theirs); token times recorded."""
+        """:meth:`step` without building its outputs (``generate`` runs this): each request (a
+        head) that got a token -> its own new tokens (its samples': theirs); token times set."""
         reqs, tokens, now = self._step(fork_samples)
         own: dict[Request, list[int]] = {}
         for r, t in zip(reqs, tokens, strict=True):
@@ -278,8 +278,7 @@ class Engine:
     @staticmethod
     def _done(head: Request) -> bool:
         """Whether request ``head`` finished, every sample of it."""
-        return head.status is Status.FINISHED and all(r.status is Status.FINISHED
-                                                      for r in head.samples)
+        return all(r.status is Status.FINISHED for r in head.group)
 
     def _generator(self, seed: int | None) -> torch.Generator | None:  # (None: the global RNG)
         return None if seed is None else torch.Generator(self.runner.device).manual_seed(seed)

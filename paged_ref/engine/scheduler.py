@@ -244,17 +244,18 @@ class Scheduler:
     # ---- helpers ----------------------------------------------------------------------------
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
-        """Schedule the leading running requests that decode (one token, no reservation) at
-        once while the pool has a block free for each (a decode takes one at most: a new one or
-        a copy on write): the per-request path's result without its questions. Returns how many."""
-        m, n = self.manager, 0
-        limit = min(len(self.running), budget, m.num_free_blocks)
+        """The leading running decodes (no reservation) as one ``append_slots`` step if the pool
+        has the blocks they need (else none: the per-request path preempts). Returns how many."""
+        limit, n = min(len(self.running), budget), 0
         while n < limit and not self.running[n].reserved and self.running[n].num_to_compute == 1:
             n += 1
-        for req in self.running[:n]:
-            start = req.num_computed
-            out.chunks.append(Chunk(req, start, 1, [m.append_slot(req.req_id,
-                                                                  req.token_at(start))]))
+        reqs = self.running[:n]
+        try:
+            slots = self.manager.append_slots([r.req_id for r in reqs],
+                                              [r.token_at(r.num_computed) for r in reqs])
+        except OutOfBlocksError:  # (nothing taken)
+            return 0
+        out.chunks += [Chunk(r, r.num_computed, 1, [s]) for r, s in zip(reqs, slots, strict=True)]
         return n
 
     def _take_slots(self, req: Request, n: int) -> list[int] | None:
