@@ -154,16 +154,13 @@ def run_model(name: str, model, args, result: dict, save, deadline: float, knees
                 deadline=time.perf_counter() + share, max_seconds=args.max_point_s,
                 progress=log, keep=runs, span_s=args.span_s,
                 min_requests=MIN_POINT_REQUESTS)
-            result["knees"].append({"model": name, "policy": policy, "dataset": d,
-                                    "simulated_knee_rps": knee})
         gpu_times += [(s.tokens, s.seqs, s.kv_tokens, g) for s, g in engine.runner.times]
         del engine
     del paged
     for d, c in curves.items():
         for rec in sweep.records(c, d) if c else []:
-            knee = next(k["simulated_knee_rps"] for k in result["knees"] if (
-                k["model"], k["policy"], k["dataset"]) == (name, rec["policy"], d))
-            result["results"].append({"model": name, **rec, "simulated_knee_rps": knee})
+            result["results"].append({"model": name, **rec, "simulated_knee_rps":
+                                      knees["rates"][rec["policy"], d] * scale})
     result["cost_models"][name] = {"wall": fitted(step_rows(runs)), "gpu": fitted(gpu_times),
                                    "calibration": cost.to_dict()}
     save()
@@ -253,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                    "kv_budget_tokens": args.num_blocks * args.block_size,
                    "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
                    "requests": args.requests, "span_s": args.span_s, "cost_models": {},
-                   "start_factor": args.start_factor, "growth": args.growth, "knees": []})
+                   "start_factor": args.start_factor, "growth": args.growth})
     models = [m for m in args.models if m != "smollm2-135m-real" or has_gguf()]
     knees: dict = {}
     for i, name in enumerate(models):
