@@ -14,11 +14,6 @@ from paged_course.serving import cost_model as cm
 from paged_course.serving import workload
 
 
-def traces():
-    return {d: workload.make_trace(d, n, 1.0, seed=0, max_len=1024)
-            for d, n in suite.REQUESTS.items()}
-
-
 def test_serving_is_a_suite():
     assert "serving" in SUITES
 

@@ -447,7 +447,7 @@ def test_sweep_to_knee_stops_one_step_past_the_bound():
 def test_sweep_to_knee_moves_a_loaded_start_down_and_respects_its_limits():
     loaded = _knee_sweep(40.0)  # (far past the knee: its first point is no unloaded latency)
     assert loaded[0]["rate_rps"] < 40.0 / 1.6**2 * 1.01
-    assert _knee_sweep(1.0, max_points=2).__len__() == 2
+    assert len(_knee_sweep(1.0, max_points=2)) == 2
     assert len(_knee_sweep(1.0, deadline=0.0)) == 1  # (the first point, then out of time)
     with pytest.raises(ValueError, match="growth"):
         _knee_sweep(1.0, growth=1.0)
