@@ -126,7 +126,9 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
     # never on the GPU's critical path.
     busy = busy_seconds(profiled_kernels(lambda: engine.generate(prompts, max_new,
                                                                  ignore_eos=True)))
-    return engine, {"output_tok_s": s.output_tokens_per_s, "seconds": s.seconds,
+    return engine, {"num_scheduler_steps": engine.num_scheduler_steps,
+                    "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
+                    "output_tok_s": s.output_tokens_per_s, "seconds": s.seconds,
                     "gpu_busy_s": busy, "wall_over_gpu_busy": s.seconds / busy,
                     "output_tokens": s.output_tokens,
                     "mean_ttft_s": sum(s.ttft_s) / len(s.ttft_s),
@@ -392,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="from: " + ", ".join((*SHAPES, REAL_SMOLLM2)))
     p.add_argument("--systems", type=name_list(SYSTEMS, "system"), default=",".join(SYSTEMS),
                    help="from: " + ", ".join(SYSTEMS))
+    p.add_argument("--scheduler-steps", default="1,8",
+                   help="the engine's num_scheduler_steps, one run each (the first: 'engine', "
+                        "the others 'engine_steps<K>')")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--budgets", default="4096,8192,16384,32768")
     p.add_argument("--sweep-requests", type=int, default=128)
     p.add_argument("--format-budget-mib", type=float, default=0,
@@ -433,7 +439,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.systems:
             try:
                 if name == "engine":
-                    engine, row[name] = run_engine(model, prompts, args.output_len, num_blocks)
+                    for i, k in enumerate(int(k) for k in args.scheduler_steps.split(",")):
+                        key = "engine" if i == 0 else f"engine_steps{k}"
+                        engine, row[key] = run_engine(
+                            model, prompts, args.output_len, num_blocks, num_scheduler_steps=k,
+                            max_num_batched_tokens=args.max_num_batched_tokens)
+                        print(shape, key, row[key], flush=True)
                     for batch in (64, 256):
                         result["decode_step"].append({"shape": shape, **decode_step(
                             engine, model, batch, int(row["mean_prompt"]) + args.output_len,
@@ -450,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
             save()
         base = (row.get("generate_batch") or {}).get("output_tok_s")
-        if base and "output_tok_s" in row.get("engine", {}):
-            row["engine_vs_generate_batch"] = row["engine"]["output_tok_s"] / base
+        for key in [k for k in row if k.startswith("engine")]:
+            if base and "output_tok_s" in row[key]:
+                row[f"{key}_vs_generate_batch"] = row[key]["output_tok_s"] / base
         save()
         del model
         torch.cuda.empty_cache()

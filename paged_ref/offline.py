@@ -18,10 +18,10 @@ seats and tokens of the step's budget each: nothing is ever preempted, every run
 decodes every step. (Running requests come first in a step, in the order they started, forks
 right after their parent: no prompt mid-prefill takes a beam's token.)
 
-Both drive the engine through four of its private parts: ``_check_prompt`` (each prompt
-checked before any work: :func:`check_prompts`), ``_add`` (a request), ``_step(pick,
-logprobs)`` (one step whose new tokens ``pick`` decides; :meth:`~paged_ref.engine.Engine.step`
-is ``_step`` with the sampled tokens) and ``_last`` (what that step did).
+Both check each prompt first (:func:`check_prompts`), then drive the engine through three of
+its private parts: ``_add`` (a request), ``_step(pick, logprobs)`` (one step whose new tokens
+``pick`` decides; :meth:`~paged_ref.engine.Engine.step` is ``_step`` with the sampled tokens)
+and ``_last`` (what that step did).
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from collections.abc import Callable, Sequence
 from tqdm.auto import tqdm
 
 from paged_ref.cache_math import blocks_needed
+from paged_ref.engine.policy import reserved_tokens
 from paged_ref.engine.request import Request
 from paged_ref.memory.allocator import check_int
 from paged_ref.outputs import CompletionOutput, RequestOutput, RunStats, StepEvent
 from paged_ref.sampling.beam import BeamSearch
-from paged_ref.sampling.params import SamplingParams
+from paged_ref.sampling.params import SamplingParams, as_token_ids
 
 #: Show a progress bar when a call generates at least this many tokens (``progress=None``).
 PROGRESS_MIN_TOKENS = 4096
@@ -104,7 +105,7 @@ def generate(engine, prompts: Sequence[Sequence[int]],
             stats.preemptions += len(out.preempted)
             stats.max_running = max(stats.max_running,
                                     len(engine.scheduler.running) + len(finished))
-            bar.update(len(new_tokens))
+            bar.update(sum(len(t) if isinstance(t, list) else 1 for t in new_tokens.values()))
     except BaseException:
         for r in reqs.values():
             engine.abort(r.req_id)
@@ -124,7 +125,9 @@ def _event(engine, step: int, index: dict) -> StepEvent:
     out, finished, new_tokens, seconds = engine._last
     m, running = engine.scheduler.manager, engine.scheduler.running
     return StepEvent(
-        step=step, ran=[(index[c.request.req_id], c.start, c.num_tokens) for c in out.chunks],
+        step=step, ran=[(index[c.request.req_id], c.start, n) for c, n in
+                        zip(out.chunks, out.steps or [c.num_tokens for c in out.chunks],
+                            strict=True)],
         admitted=[index[r.req_id] for r in out.admitted],
         preempted=[index[r.req_id] for r in out.preempted],
         finished=[index[r.req_id] for r in finished],
@@ -132,7 +135,8 @@ def _event(engine, step: int, index: dict) -> StepEvent:
         block_tables={index[r.req_id]: m.block_table(r.req_id) for r in running},
         seq_lens={index[r.req_id]: m.seq_len(r.req_id) for r in running},
         num_free_blocks=m.num_free_blocks, num_blocks=engine.num_blocks,
-        block_size=engine.block_size, cached_tokens=out.cached_tokens, seconds=seconds)
+        block_size=engine.block_size, cached_tokens=out.cached_tokens, seconds=seconds,
+        passes=max(out.steps, default=1))
 
 
 def beam_search(engine, prompts, beam_width: int, max_tokens: int | Sequence[int], *,
@@ -246,8 +250,8 @@ def _output(head: Request, best: list, stops: frozenset[int]) -> RequestOutput:
 
 
 def check_prompts(engine, prompts, max_new_tokens) -> list[tuple[list[int], int]]:
-    """``(token ids, max_new_tokens)`` per prompt (each checked by the engine's
-    ``_check_prompt``), or TypeError / ValueError before any work."""
+    """``(token ids, max_new_tokens)`` per prompt (each checked by :func:`check_prompt`), or
+    TypeError / ValueError before any work."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError("prompts must be a list of prompts, each a list of token ids, got "
                         f"{type(prompts).__name__}")
@@ -260,5 +264,29 @@ def check_prompts(engine, prompts, max_new_tokens) -> list[tuple[list[int], int]
         limits = [check_int(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
     else:
         limits = [check_int("max_new_tokens", max_new_tokens)] * len(prompts)
-    return [(engine._check_prompt(f"prompts[{i}]", p, n), n)
+    return [(check_prompt(engine, f"prompts[{i}]", p, n), n)
             for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
+
+
+def check_prompt(engine, name: str, prompt, max_tokens: int) -> list[int]:
+    """Prompt ``name`` of ``engine`` as token ids, checked before any work (``add_request``'s
+    and ``generate``'s): TypeError / ValueError for ids outside the vocabulary, an empty
+    prompt, or one that can never fit the pool (or its reservation) or ``max_model_len``."""
+    ids = as_token_ids(name, prompt, minimum=None)
+    bad = [t for t in ids if not 0 <= t < engine.vocab_size]
+    if not ids or bad:
+        raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary [0, "
+                         f"{engine.vocab_size})" if ids else
+                         f"{name} is empty: a prompt needs at least one token")
+    longest = len(ids) + max(max_tokens, 1) - 1
+    need = blocks_needed(max(longest, reserved_tokens(
+        engine.scheduler.reservation, len(ids), max_tokens, engine.max_model_len)),
+        engine.block_size)
+    if need > engine.num_blocks:
+        raise ValueError(f"{name} can never fit: {len(ids)} prompt tokens + max_new_tokens="
+                         f"{max_tokens} need {need} blocks of {engine.block_size} tokens but "
+                         f"the pool has num_blocks={engine.num_blocks}")
+    if longest > engine.max_model_len:
+        raise ValueError(f"{name}: {len(ids)} tokens + max_new_tokens={max_tokens} exceed "
+                         f"max_model_len={engine.max_model_len}")
+    return ids

@@ -71,8 +71,9 @@ class RequestOutput:
 @dataclass(frozen=True)
 class StepEvent:
     """One step of ``generate``; requests named by their index in its ``prompts``. ran:
-    ``(request, first token, tokens computed)`` per chunk; new_tokens: request -> token;
-    block_tables / seq_lens / num_free_blocks (free or evictable): after the step."""
+    ``(request, first token, tokens computed)`` per chunk; new_tokens: request -> token (a
+    list: a multi-step decode's, ``passes`` > 1); block_tables / seq_lens / num_free_blocks
+    (free or evictable): after the step."""
 
     step: int
     ran: list[tuple[int, int, int]]
@@ -87,6 +88,7 @@ class StepEvent:
     block_size: int
     cached_tokens: int
     seconds: float
+    passes: int = 1  #: decode passes (> 1: a multi-step decode, ``num_scheduler_steps``)
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +97,7 @@ class StepEvent:
 
     @property
     def is_decode(self) -> bool:
-        return all(n == 1 for _, _, n in self.ran)
+        return self.passes > 1 or all(n == 1 for _, _, n in self.ran)
 
 
 @dataclass

@@ -9,21 +9,18 @@ propagates; ``generate`` aborts all of its own.
 
 from __future__ import annotations
 
-import copy
-import gc
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from paged_ref import _device, offline
-from paged_ref.cache_math import blocks_needed
-from paged_ref.engine.policy import reserved_tokens
 from paged_ref.engine.request import Request, Status, fork_samples
 from paged_ref.engine.runner import ModelRunner, StepInputs
 from paged_ref.engine.scheduler import Scheduler
 from paged_ref.memory.allocator import check_int
 from paged_ref.memory.tiers import host_tier_blocks, open_disk_tier
+from paged_ref.models import warmup as warmup_module
 from paged_ref.models.compat import kv_block_shape
 from paged_ref.outputs import CompletionOutput, RequestMetrics, RequestOutput, RunStats
 from paged_ref.sampling.params import SamplingParams, as_token_ids
@@ -60,6 +57,10 @@ class Engine:
             ``policy.admission_order``).
         warmup: run :meth:`warmup` now, before any request (default: on a GPU, where Triton
             compiles; on a CPU the interpreter has nothing to compile).
+        num_scheduler_steps: multi-step decoding (vLLM's option of that name): a step where
+            every request decodes greedily runs up to this many decode passes back to back,
+            reading the tokens back once (the host's work per step paid once for them); a
+            request joins, and tokens come out, at those steps' ends. 1 (default): one pass.
 
     Raises:
         TypeError / ValueError: before any work, for an argument of the wrong type or value, or
@@ -76,12 +77,14 @@ class Engine:
                  reservation: str = "paged", scheduling_policy: str = "fcfs",
                  max_overtakes: int = 8, warmup: bool | None = None,
                  num_host_blocks: int | None = None, disk_path=None, num_disk_blocks: int = 0,
-                 ) -> None:
+                 num_scheduler_steps: int = 1) -> None:
         if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
             raise TypeError("model must be a transformers Llama-family causal LM (with "
                             f".model.layers and .lm_head), got {type(model).__name__}")
         self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
         self.block_size = check_int("block_size", block_size, minimum=1)
+        self.num_scheduler_steps = check_int("num_scheduler_steps", num_scheduler_steps,
+                                             minimum=1)
         _device.check_engine_backends(next(model.parameters()).device, attention_backend,
                                       fused_backend, cuda_graphs)
         self.model, self.vocab_size = model, model.config.vocab_size
@@ -139,7 +142,7 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        ids = self._check_prompt("prompt_ids", prompt_ids, params.max_tokens)
+        ids = offline.check_prompt(self, "prompt_ids", prompt_ids, params.max_tokens)
         if arrival_time is not None and not isinstance(arrival_time, (int, float)):
             raise TypeError(f"arrival_time must be a float, got {arrival_time!r}")
         return self._add(ids, params, time.perf_counter() if arrival_time is None
@@ -168,10 +171,11 @@ class Engine:
         head) that got a token -> its own new tokens (its samples': theirs); token times set."""
         reqs, tokens, now = self._step(fork_samples)
         own: dict[Request, list[int]] = {}
-        for r, t in zip(reqs, tokens, strict=True):
-            own.setdefault(r.parent or r, []).extend(() if r.parent else (t,))
-        for head in own:
-            head.metrics.token_times.append(now)
+        for r, t in zip(reqs, tokens, strict=True):  # (t: a list in a multi-step decode)
+            own.setdefault(r.parent or r, []).extend(() if r.parent else
+                                                     t if isinstance(t, list) else (t,))
+        for head, new in own.items():
+            head.metrics.token_times += [now] * max(1, len(new))
         return own
 
     def _step(self, pick: Callable, logprobs: int = 0) -> tuple[list[Request], list, float]:
@@ -181,18 +185,25 @@ class Engine:
         ``(reqs, got, the time they came)``."""
         t0 = time.perf_counter()
         sched, cache, out, applied = self.scheduler, self.runner.cache, None, False
+        passes = 1 if logprobs or pick is not fork_samples else self.num_scheduler_steps
+        if passes > 1 and not all(r.params is None or r.params.greedy for r in sched.running):
+            passes = 1  # (multi-step decoding is greedy only: sampling runs outside the graphs)
         try:
-            out = sched.schedule()
+            out = sched.schedule(passes)
             cache.apply_block_ops(out.block_ops)  # before the step writes any K/V
             applied = True
             rows = [(b, r) for b, c in enumerate(out.chunks) if c.samples
                     for r in c.request.samplers(self._generator)]
             step, reqs = self._layout(out, [b for b, _ in rows]), [r for _, r in rows]
-            got = (self.runner.top_logprobs(step, logprobs) if logprobs else
-                   self.runner.execute(step, SamplingBatch.of(
-                       [r.params for r in reqs], [r.generator for r in reqs])))
+            if out.steps:  # (every request greedy, one token of its own each pass)
+                got = self.runner.execute_steps(step)
+                new = {r.req_id: t for r, t in zip(reqs, got, strict=True)}
+            else:
+                got = (self.runner.top_logprobs(step, logprobs) if logprobs else
+                       self.runner.execute(step, SamplingBatch.of(
+                           [r.params for r in reqs], [r.generator for r in reqs])))
             now = time.perf_counter()
-            finished = sched.update(out, pick(reqs, got))
+            finished = sched.update(out, new if out.steps else pick(reqs, got))
         except BaseException:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:
@@ -223,34 +234,7 @@ class Engine:
         """Whether any request is waiting or running."""
         return bool(self.requests)
 
-    def warmup(self) -> float:
-        """Compile every kernel a step launches, before the first request (dummy requests
-        through the real step path: :mod:`paged_ref.models.warmup`), and leave the engine as
-        it was: no block held, nothing cached, stats zero, request ids and the RNGs as they
-        were. Returns the seconds it took (also ``warmup_seconds``). RuntimeError after the
-        first request: its blocks and cached prefixes would be the dummies' to overwrite.
-        It ends with ``gc.freeze()``, as vLLM's start-up does: what is alive then (model, engine,
-        kernels) leaves the sweeps of Python's cyclic collector, process-wide (``paged_bench
-        warmup`` records the collector's pauses in each ``generate``)."""
-        from paged_ref.models.warmup import run_warmup
-
-        if self._next_id:
-            raise RuntimeError("warmup() runs before the first request (add_request/generate)")
-        start, kept = time.perf_counter(), (self.scheduler, self.stats)
-        # the dummies' scheduler: a fresh one's copy (what they leave in the runner's cache is
-        # unreachable), without the disk tier (its moves are host copies: nothing to compile)
-        self.scheduler = copy.deepcopy(self.scheduler, {id(self.disk_tier): None})
-        cuda = [self.runner.device] if self.runner.device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=cuda):  # (sampling draws from the global RNG)
-                run_warmup(self)
-        finally:
-            (self.scheduler, self.stats), self._next_id, self._last = kept, 0, ()
-            self.requests.clear()
-        gc.collect()
-        gc.freeze()
-        self.warmup_seconds = time.perf_counter() - start
-        return self.warmup_seconds
+    warmup = warmup_module.warmup
 
     # ---- the offline calls (vLLM's LLM: paged_ref.offline) ----------------------------------
 
@@ -286,7 +270,7 @@ class Engine:
     def _layout(self, out, sample_rows: list[int]) -> StepInputs:
         """The scheduled chunks (a ``SchedulerOutput``) as one flat batch for the runner."""
         m = self.scheduler.manager
-        step = StepInputs([], [], [], [0], [], [], sample_rows)
+        step = StepInputs([], [], [], [0], [], [], sample_rows, out.steps or None)
         for chunk in out.chunks:
             req = chunk.request
             if chunk.num_tokens == 1:  # decode: the token sampled last step
@@ -300,26 +284,3 @@ class Engine:
             step.seq_lens.append(chunk.end)
             step.block_tables.append(m.block_table(req.req_id))
         return step
-
-    # ---- input checks -----------------------------------------------------------------------
-
-    def _check_prompt(self, name: str, prompt, max_tokens: int) -> list[int]:
-        ids = as_token_ids(name, prompt, minimum=None)
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if not ids or bad:
-            raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary [0, "
-                             f"{self.vocab_size})" if ids else
-                             f"{name} is empty: a prompt needs at least one token")
-        longest = len(ids) + max(max_tokens, 1) - 1
-        need = blocks_needed(max(longest, reserved_tokens(
-            self.scheduler.reservation, len(ids), max_tokens, self.max_model_len)),
-            self.block_size)
-        if need > self.num_blocks:
-            raise ValueError(f"{name} can never fit: {len(ids)} prompt tokens + max_new_tokens="
-                             f"{max_tokens} need {need} blocks of {self.block_size} tokens but "
-                             f"the pool has num_blocks={self.num_blocks}")
-        if longest > self.max_model_len:
-            raise ValueError(f"{name}: {len(ids)} tokens + max_new_tokens={max_tokens} exceed "
-                             f"max_model_len={self.max_model_len}")
-        return ids
-

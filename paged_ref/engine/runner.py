@@ -30,7 +30,7 @@ from paged_ref import paged_prefill, plan_decode, plan_prefill
 from paged_ref.attention import paged_attention
 from paged_ref.cache_math import blocks_needed
 from paged_ref.memory.storage import PagedKVCache
-from paged_ref.memory.tables import padded_tables
+from paged_ref.memory.tables import padded_tables, pass_inputs
 from paged_ref.models import fused
 from paged_ref.models.compat import head_dim_of
 from paged_ref.sampling.sampler import SamplingBatch, sample
@@ -42,7 +42,8 @@ class StepInputs:
 
     input_ids, positions, slot_mapping: ``[T]``; query_start_loc: ``[B + 1]``;
     seq_lens: ``[B]`` (tokens in the cache after this step's writes); block_tables: ``B``
-    lists; sample_rows: requests (indices into ``B``) whose last token's logits are sampled.
+    lists; sample_rows: requests (indices into ``B``) whose last token's logits are sampled;
+    steps: a multi-step decode's passes per request (``execute_steps``), else None.
     """
 
     input_ids: list[int]
@@ -52,6 +53,7 @@ class StepInputs:
     seq_lens: list[int]
     block_tables: list[list[int]]
     sample_rows: list[int]
+    steps: list[int] | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -185,6 +187,32 @@ class ModelRunner:
         return tokens.tolist()
 
     @torch.inference_mode()
+    def execute_steps(self, step: StepInputs) -> list[list[int]]:
+        """Run ``max(step.steps)`` greedy decode passes of the decode step ``step`` back to
+        back, each request's input the token its pass before picked, and read the tokens back
+        once, at the end (multi-step decoding). Request ``b`` runs its first ``step.steps[b]``
+        passes (its blocks taken ahead: ``KVCacheManager.lookahead``); in the passes after,
+        its row writes to the scratch slot. Returns each request's ``step.steps[b]`` tokens."""
+        passes = pass_inputs(step.block_tables, step.positions, step.steps,
+                             self.block_size, self.scratch_slot)
+        if self._graphed(step):
+            with self._on_device():
+                tokens = self._replay(step, passes)[0]
+        else:
+            tokens, ids = [], torch.tensor(step.input_ids, device=self.device)
+            for pos, slots, lens in zip(*passes, strict=True):
+                one = StepInputs(step.input_ids, pos.tolist(), slots.tolist(),  # (a decode)
+                                 step.query_start_loc, lens.tolist(), step.block_tables,
+                                 step.sample_rows)
+                ids = self.model.lm_head(self.forward(
+                    ids, torch.from_numpy(pos).to(self.device),
+                    torch.from_numpy(slots).to(self.device), self._attend(one))).argmax(dim=-1)
+                tokens.append(ids)
+            tokens = torch.stack(tokens)
+        rows = tokens[:, :len(step.seq_lens)].T.tolist()
+        return [row[:n] for row, n in zip(rows, step.steps, strict=True)]
+
+    @torch.inference_mode()
     def top_logprobs(self, step: StepInputs, k: int) -> list[list[tuple[float, int]]]:
         """Run one step; return each sampled row's ``k`` likeliest next tokens as ``(log-prob,
         token)`` pairs, best first: float32 ``log_softmax`` of the logits, as transformers'
@@ -202,6 +230,7 @@ class ModelRunner:
         if self._graphed(step):  # (a 1-token chunk of a prompt, not its last, runs here too)
             with self._on_device():  # replay on the GPU the graphs belong to
                 tokens, hidden = self._replay(step)  # (every row of the bucket)
+            tokens = tokens[0]
             if step.sample_rows == list(range(batch)):  # (most: every row, once)
                 return tokens[:batch], hidden[:batch]
             rows = torch.tensor(step.sample_rows, device=dev)
@@ -278,19 +307,33 @@ class ModelRunner:
         torch.cuda.synchronize()
         return graph
 
-    def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the step into the static buffers, replay its bucket's graph; returns (views of)
-        the greedy tokens ``[bucket]`` and the hidden states ``[bucket, hidden]``."""
+    def _replay(self, step: StepInputs, passes=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the step into the static buffers (one copy from pinned memory: nothing waits),
+        replay its bucket's graph; returns the greedy tokens ``[1, bucket]`` and (a view of)
+        the hidden states ``[bucket, hidden]``. ``passes``: a multi-step decode's inputs
+        (``pass_inputs``): one replay each, its input ids the tokens of the one before;
+        tokens ``[passes, bucket]``, the last pass's hidden states."""
         batch = len(step.seq_lens)
         bucket = min(b for b in self.graphs if b >= batch)
-        pad = bucket - batch
-        tables = padded_tables(step.block_tables, bucket)
-        host = torch.tensor([step.input_ids + [0] * pad, step.positions + [0] * pad,
-                             step.slot_mapping + [self.scratch_slot] * pad,
-                             step.seq_lens + [0] * pad])  # padding rows: length 0
-        for buffer, row in zip((self.g_input_ids, self.g_positions, self.g_slots,
-                                self.g_seq_lens), host, strict=True):
-            buffer[:bucket].copy_(row)
-        self.g_tables[:bucket, :tables.shape[1]].copy_(tables)
-        self.graphs[bucket].replay()
-        return self.g_tokens[:bucket], self.g_hidden[:bucket]
+        if passes is None:
+            passes = [np.array([v]) for v in (step.positions, step.slot_mapping, step.seq_lens)]
+        host = np.zeros((len(passes[0]), 4, bucket), dtype=np.int64)  # padding rows: length 0
+        host[:, 1] = self.scratch_slot
+        for j, values in enumerate(passes):
+            host[:, j, :batch] = values
+        host[0, 3, :batch] = step.input_ids
+        def pinned(t):  # (a test's fake graphs run on the CPU)
+            return t.pin_memory() if self.device.type == "cuda" else t
+        dev = pinned(torch.from_numpy(host)).to(self.device, non_blocking=True)
+        tables = pinned(padded_tables(step.block_tables, bucket))
+        self.g_tables[:bucket, :tables.shape[1]].copy_(tables, non_blocking=True)
+        self.g_input_ids[:bucket].copy_(dev[0, 3])
+        tokens = torch.empty(len(host), bucket, dtype=torch.long, device=self.device)
+        for k in range(len(host)):
+            for buffer, row in zip((self.g_positions, self.g_slots, self.g_seq_lens), dev[k, :3],
+                                   strict=True):
+                buffer[:bucket].copy_(row)
+            self.graphs[bucket].replay()
+            tokens[k] = self.g_tokens[:bucket]
+            self.g_input_ids[:bucket].copy_(self.g_tokens[:bucket])
+        return tokens, self.g_hidden[:bucket]

@@ -73,10 +73,12 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     block_ops: BlockOps | None = None  #: host-tier spills / copies back, copy-on-writes
     cached_tokens: int = 0  #: prompt tokens found in the prefix cache this step
+    #: multi-step decoding: per chunk (each a decode), the decode passes it runs (empty: one)
+    steps: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return sum(self.steps) if self.steps else sum(c.num_tokens for c in self.chunks)
 
 
 class Scheduler:
@@ -144,9 +146,11 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, num_steps: int = 1) -> SchedulerOutput:
         """Pick the chunks of the next step, taking slots for them (see the module doc). If
-        anything raises meanwhile (a policy function, the manager), :meth:`rollback` first."""
+        anything raises meanwhile (a policy function, the manager), :meth:`rollback` first.
+        ``num_steps > 1``: a step where every chunk is a decode and nobody was admitted or
+        preempted runs up to that many decode passes (:meth:`_lookahead`)."""
         out, budget = SchedulerOutput(), self.max_num_batched_tokens
         try:
             i = self._schedule_decodes(out, budget)  # (most steps: every running request)
@@ -165,6 +169,8 @@ class Scheduler:
                     i += 1
             if not out.preempted:
                 self._admit(budget, out)
+            if num_steps > 1 and not out.admitted and not out.preempted:
+                self._lookahead(out, num_steps)
             if self.disk_tier is not None:  # start reading the next admissions' disk hits
                 for req in islice(self.waiting, self.max_num_seqs):
                     self.manager.prefetch(req.tokens, req.block_hashes)
@@ -184,7 +190,9 @@ class Scheduler:
         beam kept twice); one missing from its own list is dropped (a beam not kept: freed,
         ``"dropped"``). A request stops after a token in ``stop_ids`` or its own ``stop_ids``
         (``"stop"``), or at ``max_new_tokens`` (``"length"``). Returns the requests that
-        finished (freed).
+        finished (freed). A multi-step decode (``out.steps``): each ``req_id`` maps to the
+        tokens of its passes, in order; those after a stop are dropped (their K/V went to
+        blocks freed with it), the others' K/V are in (``KVCacheManager.extend``).
         """
         finished = []
         for chunk in out.chunks:
@@ -193,7 +201,7 @@ class Scheduler:
             if not chunk.samples:
                 continue
             got = new_tokens[req.req_id]
-            if isinstance(got, int):  # (most: one token, no fork)
+            if isinstance(got, int) or out.steps:  # (most: one token, or its passes', no fork)
                 went_on = [(req, got)]
             else:
                 went_on = got
@@ -203,11 +211,18 @@ class Scheduler:
                 if all(child is not req for child, _ in went_on):
                     self._finish(req, "dropped")
                     finished.append(req)
-            for r, token in went_on:
-                r.output.append(token)
-                stop = token in r.stop_ids or token in stop_ids
-                if stop or len(r.output) >= r.max_new_tokens:
-                    self._finish(r, "stop" if stop else "length")
+            for r, tokens in went_on:
+                tokens = tokens if out.steps else [tokens]
+                stop = next((j for j, t in enumerate(tokens)
+                             if t in r.stop_ids or t in stop_ids), None)
+                if stop is not None:
+                    del tokens[stop + 1:]
+                if out.steps:
+                    self.manager.extend(r.req_id, tokens[:-1])  # (the inputs of passes 2, ...)
+                    r.num_computed += len(tokens) - 1
+                r.output += tokens
+                if stop is not None or len(r.output) >= r.max_new_tokens:
+                    self._finish(r, "length" if stop is None else "stop")
                     finished.append(r)
         return finished
 
@@ -257,6 +272,25 @@ class Scheduler:
             return 0
         out.chunks += [Chunk(r, r.num_computed, 1, [s]) for r, s in zip(reqs, slots, strict=True)]
         return n
+
+    def _lookahead(self, out: SchedulerOutput, num_steps: int) -> None:
+        """If every chunk is a decode: take the blocks (``KVCacheManager.lookahead``) for up to
+        ``num_steps`` tokens each (fewer: what ``max_new_tokens`` leaves), a reservation paying
+        for its own, and set ``out.steps``; if the pool is short, nothing (one pass)."""
+        if not out.chunks or any(c.num_tokens != 1 or not c.samples for c in out.chunks):
+            return
+        reqs, bs = [c.request for c in out.chunks], self.block_size
+        steps = [min(num_steps, r.max_new_tokens - len(r.output)) for r in reqs]
+        need = [blocks_needed(r.num_computed + n, bs) - blocks_needed(r.num_computed + 1, bs)
+                for r, n in zip(reqs, steps, strict=True)]
+        paid = [min(n, r.reserved) for r, n in zip(reqs, need, strict=True)]
+        if max(steps) == 1 or sum(need) - sum(paid) > self.manager.num_free_blocks:
+            return
+        for r, blocks in zip(reqs, paid, strict=True):
+            if blocks:
+                self._reserve(r, r.reserved - blocks)
+        self.manager.lookahead([r.req_id for r in reqs], [n - 1 for n in steps])
+        out.steps = steps
 
     def _take_slots(self, req: Request, n: int) -> list[int] | None:
         """Slots for ``req``'s next ``n`` tokens, or None (nothing taken) if blocks are short."""

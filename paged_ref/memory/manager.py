@@ -80,14 +80,11 @@ class KVCacheManager(BlockTables):
     ``seq_id`` may be any hashable value (an int or a str in the lessons).
     """
 
-    def __init__(
-        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-        num_host_blocks: int = 0, disk_tier=None,
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 num_host_blocks: int = 0, disk_tier=None) -> None:
         if not isinstance(enable_prefix_caching, bool):
-            raise TypeError(
-                f"enable_prefix_caching must be a bool, got {type(enable_prefix_caching).__name__}"
-            )
+            raise TypeError("enable_prefix_caching must be a bool, got "
+                            f"{type(enable_prefix_caching).__name__}")
         if check_int("num_host_blocks", num_host_blocks) and not enable_prefix_caching:
             raise ValueError("num_host_blocks > 0 needs enable_prefix_caching=True")
         if disk_tier is not None and not num_host_blocks:
@@ -102,9 +99,8 @@ class KVCacheManager(BlockTables):
         self._uncache = self._prefix.uncache
         self._prefix_caching = enable_prefix_caching
         self._copies: list[tuple[int, int]] = []
-        # Blocks kept after their last holder was freed, until the move that reads or fills
-        # them is handed out: sources of owed copies, targets of copies back from the host
-        # (each one a reference in the allocator, not a sequence's).
+        # Blocks kept after their last holder was freed until the move that reads or fills
+        # them is handed out (owed copies' sources, copies back's targets): allocator refs.
         self._pinned: list[int] = []
 
     @property
@@ -114,9 +110,8 @@ class KVCacheManager(BlockTables):
 
     # ---- changing state ---------------------------------------------------------------------
 
-    def add_sequence(
-        self, seq_id: Hashable, num_tokens: int | None = None, *, token_ids=None
-    ) -> int:
+    def add_sequence(self, seq_id: Hashable, num_tokens: int | None = None, *,
+                     token_ids=None) -> int:
         """Start sequence ``seq_id`` with its prompt, all or nothing.
 
         Give ``num_tokens`` (the prompt's length) or ``token_ids`` (the prompt itself; both
@@ -180,9 +175,8 @@ class KVCacheManager(BlockTables):
         The child inherits the parent's length and token ids. The first ``append_slot`` of
         either into a shared, partly filled last block copies that block (copy-on-write).
 
-        Raises:
-            ValueError: ``parent_id`` is unknown or ``child_id`` is already held.
-            TypeError: ``child_id`` is not hashable.
+        ValueError: ``parent_id`` is unknown or ``child_id`` is already held; TypeError:
+        ``child_id`` is not hashable.
         """
         table = self._table(parent_id)
         self._check_new_id("child_id", child_id)
@@ -197,51 +191,63 @@ class KVCacheManager(BlockTables):
         """Grow ``seq_id`` by one token and return that token's slot.
 
         A new block is taken when the current length is a multiple of ``block_size``
-        (including length 0). Otherwise the token goes into the last block's next free slot,
-        unless another sequence also holds that block: then the writer gets a fresh block and
-        a copy ``(shared block, fresh block)`` is recorded for :meth:`take_copies`
-        (copy-on-write), so the write never lands in a shared block.
+        (including length 0), unless :meth:`lookahead` took it. Otherwise the token goes into
+        its block's next free slot, unless another sequence also holds that block: then the
+        writer gets a fresh block and a copy ``(shared block, fresh block)`` is recorded for
+        :meth:`take_copies` (copy-on-write), so the write never lands in a shared block.
 
         ``token_id`` feeds the prefix cache: the block it fills is cached under its hash. A
         token appended without one makes this block, and all later blocks of the sequence,
         uncacheable.
 
-        Raises:
-            ValueError: unknown ``seq_id``, or a negative ``token_id``.
-            TypeError: ``token_id`` is not an int.
-            OutOfBlocksError: a new block is needed and none is free; nothing changes.
+        ValueError: unknown ``seq_id``, or a negative ``token_id``; TypeError: ``token_id`` is
+        not an int; OutOfBlocksError: a new block is needed and none is free. Nothing changes.
         """
         table = self._table(seq_id)
         if token_id is not None:
             token_id = check_token("token_id", token_id)
         pos = self._lens[seq_id]
-        if pos % self.block_size == 0:
+        j = pos // self.block_size  # (its block; one taken by lookahead() may be there)
+        if j == len(table):
             table.append(self._allocator.allocate())  # raises before anything changes
-        elif self.ref_count(table[-1]) > 1:  # shared: copy on write
+        elif self.ref_count(table[j]) > 1:  # shared: copy on write
             fresh = self._allocator.allocate()  # raises before anything changes
-            self._allocator.free(table[-1])  # still held by the others
-            self._copies.append((table[-1], fresh))
-            table[-1] = fresh
+            self._allocator.free(table[j])  # still held by the others
+            self._copies.append((table[j], fresh))
+            table[j] = fresh
         self._lens[seq_id] = pos + 1
         self._prefix.record_token(seq_id, token_id, table)
         return token_slot(table, pos, self.block_size)
 
     def append_slots(self, seq_ids: Iterable[Hashable], token_ids=None) -> list[int]:
-        """One decode step: :meth:`append_slot` for each of ``seq_ids``, all or nothing.
-
-        Args:
-            seq_ids: distinct sequence ids.
-            token_ids: optional, one token id per sequence (feeds the prefix cache).
-
-        Returns the slots in the order given (the decode step's slot mapping).
-
-        Raises:
-            ValueError: an unknown or repeated id, or ``token_ids`` of another length.
-            OutOfBlocksError: the step needs more new blocks (boundaries + copy-on-writes)
-                than are free; nothing changes.
-        """
+        """One decode step: :meth:`append_slot` for each of ``seq_ids`` (distinct), all or
+        nothing; ``token_ids``: optional, one per sequence (feeds the prefix cache). Returns the
+        slots in the order given (the step's slot mapping). ValueError: an unknown or repeated
+        id, or ``token_ids`` of another length; OutOfBlocksError: the step needs more new blocks
+        (boundaries + copy-on-writes) than are free. Nothing changes then."""
         seq_ids, token_ids = self._check_step(seq_ids, token_ids, self.ref_count)
         return [self.append_slot(s, t) for s, t in zip(seq_ids, token_ids, strict=True)]
+
+    def lookahead(self, seq_ids: Iterable[Hashable], num_tokens: Iterable[int]) -> None:
+        """Take now the blocks the next ``num_tokens[i]`` tokens of each of ``seq_ids`` will
+        fill, all or nothing (vLLM's lookahead slots: multi-step decoding writes their K/V before
+        their ids are known); they sit in the table past its length until :meth:`extend` appends
+        the tokens (``free_sequence`` frees them too). ValueError: an unknown id, a bad count, a
+        next token in a shared block; OutOfBlocksError: too few free blocks (nothing changes)."""
+        seq_ids = list(seq_ids)
+        need = self._check_lookahead(seq_ids, list(num_tokens), self.ref_count)
+        for seq_id, blocks in zip(seq_ids, need, strict=True):
+            self._tables[seq_id] += [self._allocator.allocate() for _ in range(blocks)]
+
+    def extend(self, seq_id: Hashable, token_ids) -> None:
+        """:meth:`append_slot` for each of ``token_ids`` into blocks ``seq_id`` holds already
+        (:meth:`lookahead`'s); ValueError if they do not fit them or land in a shared block."""
+        tokens, table, bs = check_tokens(token_ids), self._table(seq_id), self.block_size
+        end, pos = self._lens[seq_id] + len(tokens), self._lens[seq_id]
+        if end > len(table) * bs or tokens and pos % bs and self.ref_count(table[pos // bs]) > 1:
+            self._check_lookahead([seq_id], [len(tokens)], self.ref_count, taken=True)  # raises
+        self._lens[seq_id] = end  # (append_slot's bookkeeping for all of them at once)
+        self._prefix.record_tokens(seq_id, tokens, table)
 
     def free_sequence(self, seq_id: Hashable, *, num_computed: int | None = None) -> None:
         """Forget ``seq_id`` and drop its hold on each of its blocks.
@@ -268,9 +274,8 @@ class KVCacheManager(BlockTables):
         it filled a block in place, that block stays cached without it unless ``num_computed``
         says so; free such a sequence between steps.
 
-        Raises:
-            ValueError: unknown ``seq_id``, or ``num_computed`` negative or above its length.
-            TypeError: ``num_computed`` is not an int. After an error nothing has changed.
+        ValueError: unknown ``seq_id``, or ``num_computed`` negative or above its length;
+        TypeError: ``num_computed`` is not an int. After an error nothing has changed.
         """
         table = self._table(seq_id)
         if num_computed is not None:
@@ -301,12 +306,10 @@ class KVCacheManager(BlockTables):
         self._prefix.forget(seq_id)
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The ``(src, dst)`` block copies owed by copy-on-write since the last call.
-
-        Perform them with ``PagedKVCache.copy_blocks(pairs)`` before this step writes any
-        K/V (the writer's new token goes into ``dst`` after its old contents arrive). Sources
-        kept only for these copies (their last holder was freed) are released now.
-        """
+        """The ``(src, dst)`` block copies owed by copy-on-write since the last call: perform
+        them with ``PagedKVCache.copy_blocks(pairs)`` before this step writes any K/V (the
+        writer's new token goes into ``dst`` after its old contents arrive). Sources kept only
+        for these copies (their last holder was freed) are released now."""
         if self._host is not None and self._host.has_moves():
             raise RuntimeError("host-tier moves are pending: call take_block_ops() instead")
         copies, self._copies = self._copies, []
@@ -314,10 +317,9 @@ class KVCacheManager(BlockTables):
         return copies
 
     def take_block_ops(self) -> BlockOps:
-        """Every block move owed since the last call (:class:`BlockOps`: spills to the host
-        and the disk, copies back from them, copy-on-writes). Run them with
-        ``PagedKVCache.apply_block_ops(ops)`` before this step writes any K/V (with a host
-        tier, call this every step)."""
+        """Every block move owed since the last call (:class:`BlockOps`: spills to the host and
+        the disk, copies back from them, copy-on-writes). Run them with ``PagedKVCache.
+        apply_block_ops(ops)`` before this step writes any K/V (a host tier: every step)."""
         ops = (BlockOps([], [], self._copies, [], [], []) if self._host is None
                else self._host.take_moves(self._copies))
         self._copies = []
@@ -387,8 +389,7 @@ class KVCacheManager(BlockTables):
         self._pinned = []
 
     def _on_evict(self, block_id: int, block_hash: bytes) -> None:
-        """The allocator evicted ``block_id``: forget what it cached, but spill it to the host
-        tier if there is one."""
+        """The allocator evicted ``block_id``: forget its entry, spill it to the host tier."""
         self._prefix.evicted(block_hash)
         if self._host is not None:
             self._host.spill(block_id, block_hash)

@@ -57,6 +57,9 @@ def check_token(name: str, token_id) -> int:
 
 def check_tokens(token_ids) -> list[int]:
     """``token_ids`` (a list, tuple, range or 1-D integer tensor) as a list of ints."""
+    if type(token_ids) is list and all(type(t) is int for t in token_ids) and (
+            not token_ids or 0 <= min(token_ids) and max(token_ids) <= MAX_TOKEN_ID):
+        return list(token_ids)  # (the common case, checked at C speed)
     if isinstance(token_ids, torch.Tensor):
         if token_ids.dim() != 1 or token_ids.dtype.is_floating_point:
             raise TypeError(f"token_ids must be a 1-D integer tensor, got "
@@ -230,6 +233,17 @@ class PrefixCache:
             j = len(hashes)
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
                                             tokens[j * self.block_size:]))
+            self.register(seq_id, table, j)
+
+    def record_tokens(self, seq_id: Hashable, token_ids: list[int], table: list[int]) -> None:
+        """:meth:`record_token` for each of ``token_ids`` (checked, none None), in one go."""
+        tokens, bs = self.tokens.get(seq_id), self.block_size
+        if tokens is None:
+            return
+        tokens += token_ids
+        hashes = self.hashes[seq_id]
+        for j in range(len(hashes), len(tokens) // bs):
+            hashes.append(hash_block_tokens(hashes[-1] if j else None, tokens[j * bs:(j + 1) * bs]))
             self.register(seq_id, table, j)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:

@@ -187,13 +187,38 @@ class BlockTables:
         writers: Counter[int] = Counter()
         needed = 0
         for seq_id in seq_ids:
-            if self._lens[seq_id] % self.block_size == 0:
+            table, j = self._tables[seq_id], self._lens[seq_id] // self.block_size
+            if j == len(table):  # (else its block is there: part filled, or a lookahead one)
                 needed += 1
             else:
-                writers[self._tables[seq_id][-1]] += 1
+                writers[table[j]] += 1
         for block_id, count in writers.items():
             needed += min(count, ref_count(block_id) - 1)
         return needed
+
+    def _check_lookahead(self, seq_ids: list[Hashable], num_tokens: list[int],
+                         ref_count: Callable[[int], int], taken: bool = False) -> list[int]:
+        """The new blocks each of ``seq_ids`` needs for its next ``num_tokens`` tokens
+        (``lookahead``'s; ``taken``: none may be needed, ``extend``'s). ``ValueError`` for an
+        unknown id, a bad count, or a next token in a shared block; ``OutOfBlocksError``."""
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"need distinct seq_ids and one count each, got {seq_ids!r} and "
+                             f"num_tokens={num_tokens!r}")
+        bs, need = self.block_size, []
+        for seq_id, n in zip(seq_ids, num_tokens, strict=True):
+            table, length = self._table(seq_id), self._lens[seq_id]
+            n = check_int("num_tokens", n)
+            if n and length % bs and ref_count(table[length // bs]) > 1:
+                raise ValueError(f"sequence {seq_id!r}: its next token goes into block "
+                                 f"{table[length // bs]}, which is shared (append_slot first)")
+            need.append(max(0, blocks_needed(length + n, bs) - len(table)))
+            if taken and need[-1]:
+                raise ValueError(f"sequence {seq_id!r} holds {len(table)} blocks: {n} more "
+                                 f"tokens after its {length} need {need[-1]} more (lookahead)")
+        if sum(need) > self.num_free_blocks:
+            raise OutOfBlocksError(f"the lookahead needs {sum(need)} new blocks but only "
+                                   f"{self.num_free_blocks} of {self.num_blocks} are free")
+        return need
 
     def _table(self, seq_id: Hashable) -> list[int]:
         """The live table of ``seq_id``; ``ValueError`` naming the id if it is not held."""
@@ -210,3 +235,18 @@ def padded_tables(block_tables: list[list[int]], rows: int) -> torch.Tensor:
     for row, table in enumerate(block_tables):
         out[row, :len(table)] = table
     return torch.from_numpy(out)
+
+
+def pass_inputs(block_tables: list[list[int]], positions: list[int], steps: list[int],
+                block_size: int, scratch_slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A multi-step decode's passes (``Engine(num_scheduler_steps=...)``): sequence ``b``'s
+    first token at ``positions[b]``, its ``steps[b]`` tokens in blocks its table holds
+    already (``KVCacheManager.lookahead``). Returns positions, slots and lengths, int64
+    ``[max(steps), B]``; in the passes past its own, a sequence repeats its last position and
+    writes to ``scratch_slot`` (a block no sequence holds)."""
+    steps_b = np.array(steps)
+    passes = np.arange(steps_b.max())[:, None]
+    pos = np.array(positions) + np.minimum(passes, steps_b - 1)
+    tables = padded_tables(block_tables, len(block_tables)).numpy().astype(np.int64)
+    slots = np.take_along_axis(tables, pos.T // block_size, axis=1).T * block_size
+    return pos, np.where(passes < steps_b, slots + pos % block_size, scratch_slot), pos + 1

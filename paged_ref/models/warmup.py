@@ -29,6 +29,12 @@ shorten its chunk).
 
 from __future__ import annotations
 
+import copy
+import gc
+import time
+
+import torch
+
 from paged_ref.sampling.params import SamplingParams
 
 #: Query rows of the prefill kernel's small tiles (``SHORT_CONFIG.block_m``), where triton is
@@ -112,4 +118,32 @@ def run_warmup(engine) -> int:
     return steps
 
 
-__all__ = ["run_warmup", "short_rows", "warmup_waves"]
+def warmup(engine) -> float:
+    """``Engine.warmup``: compile every kernel a step launches, before the first request
+    (:func:`run_warmup`'s dummy requests), and leave the engine as it was: no block held,
+    nothing cached, stats zero, request ids and the RNGs as they were. Returns the seconds it
+    took (also ``warmup_seconds``). RuntimeError after the first request: its blocks and
+    cached prefixes would be the dummies' to overwrite. It ends with ``gc.freeze()``, as
+    vLLM's start-up does: what is alive then (model, engine, kernels) leaves the sweeps of
+    Python's cyclic collector, process-wide (``paged_bench warmup`` records the collector's
+    pauses in each ``generate``)."""
+    if engine._next_id:
+        raise RuntimeError("warmup() runs before the first request (add_request/generate)")
+    start, kept = time.perf_counter(), (engine.scheduler, engine.stats)
+    # the dummies' scheduler: a fresh one's copy (what they leave in the runner's cache is
+    # unreachable), without the disk tier (its moves are host copies: nothing to compile)
+    engine.scheduler = copy.deepcopy(engine.scheduler, {id(engine.disk_tier): None})
+    cuda = [engine.runner.device] if engine.runner.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):  # (sampling draws from the global RNG)
+            run_warmup(engine)
+    finally:
+        (engine.scheduler, engine.stats), engine._next_id, engine._last = kept, 0, ()
+        engine.requests.clear()
+    gc.collect()
+    gc.freeze()
+    engine.warmup_seconds = time.perf_counter() - start
+    return engine.warmup_seconds
+
+
+__all__ = ["run_warmup", "short_rows", "warmup", "warmup_waves"]

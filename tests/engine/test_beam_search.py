@@ -149,9 +149,9 @@ def watch(engine, check):
     """Run ``check(engine)`` before every step's schedule (between steps)."""
     real = engine.scheduler.schedule
 
-    def schedule():
+    def schedule(*args):
         check(engine)
-        return real()
+        return real(*args)
     engine.scheduler.schedule = schedule
 
 

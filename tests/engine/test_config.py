@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("transformers")
 
 from paged_ref import _device as device_module  # noqa: E402
+from paged_ref import offline as offline_module  # noqa: E402
 from paged_ref.engine import Engine, SamplingParams  # noqa: E402
 from paged_ref.engine import engine as engine_module  # noqa: E402
 from paged_ref.engine import scheduler as scheduler_module  # noqa: E402
@@ -155,7 +156,8 @@ def test_planted_token_id_forms_are_caught(tiny, prompt_and_tokens, monkeypatch,
     from paged_ref.sampling import params as params_module
 
     mutant = mutant_of(params_module, PLANTED_TOKEN_IDS[name], tmp_path, monkeypatch)
-    monkeypatch.setattr(engine_module, "as_token_ids", mutant.as_token_ids)
+    for module in (engine_module, offline_module):  # (EOS ids; prompts: offline.check_prompt)
+        monkeypatch.setattr(module, "as_token_ids", mutant.as_token_ids)
     caught = 0
     for check in (lambda: test_eos_ids_in_every_integer_form(tiny, np.int64(5), {5}),
                   lambda: test_eos_ids_in_every_integer_form(tiny, torch.tensor(5), {5}),

@@ -32,8 +32,10 @@ def prompts():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_greedy_matches_transformers(prompts, dtype, cuda_graphs):
+@pytest.mark.parametrize("cuda_graphs,steps", [(True, 1), (False, 1), (True, 8), (False, 3)])
+def test_greedy_matches_transformers(prompts, dtype, cuda_graphs, steps):
+    """Also with multi-step decoding (``num_scheduler_steps``: passes replayed back to back,
+    inputs from pinned memory, one read-back)."""
     from paged_bench.engine import build_model
     from paged_ref.engine import Engine
 
@@ -41,9 +43,12 @@ def test_greedy_matches_transformers(prompts, dtype, cuda_graphs):
     n = 24
     expected = [hf_greedy(model, p, n) for p in prompts]
     engine = Engine(model, num_blocks=160, block_size=16, max_num_seqs=8,
-                    max_num_batched_tokens=256, cuda_graphs=cuda_graphs)
-    got = engine.generate(prompts, n, ignore_eos=True)
+                    max_num_batched_tokens=256, cuda_graphs=cuda_graphs,
+                    num_scheduler_steps=steps)
+    passes = []
+    got = engine.generate(prompts, n, ignore_eos=True, on_step=lambda e: passes.append(e.passes))
     assert engine.runner.graphs or not cuda_graphs
+    assert max(passes) == steps
     if dtype == torch.float32:
         assert got == expected
     else:
@@ -52,6 +57,18 @@ def test_greedy_matches_transformers(prompts, dtype, cuda_graphs):
         print(f"bf16: tokens equal before the first difference, per prompt: {agree}")
         assert all(g[:1] == e[:1] for g, e in zip(got, expected, strict=False))
         assert sum(agree) >= 0.5 * n * len(prompts)
+
+
+def test_multi_step_replays_give_the_one_pass_tokens(prompts):
+    """bf16, CUDA graphs: the same kernels on the same buckets, so the same tokens, bit for bit,
+    with 8 passes a step as with one."""
+    from paged_bench.engine import build_model
+    from paged_ref.engine import Engine
+
+    model = build_model("smollm2-135m", dtype=torch.bfloat16)
+    runs = [Engine(model, num_blocks=160, block_size=16, max_num_seqs=8,
+                   num_scheduler_steps=k).generate(prompts, 40, ignore_eos=True) for k in (1, 8)]
+    assert runs[0] == runs[1]
 
 
 def test_small_pool_preempts_and_matches(prompts):

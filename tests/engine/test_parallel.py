@@ -207,7 +207,7 @@ def test_forgotten_copy_on_write_is_caught(tiny, prompts, monkeypatch, tmp_path)
     """Samples write into their shared last block (no copy-on-write): their K/V stop being
     their own tokens'. (Their tokens may not show it: on the tiny random model one position's
     K/V barely moves the logits.)"""
-    mutant = mutant_of(manager_module, [("elif self.ref_count(table[-1]) > 1:", "elif False:")],
+    mutant = mutant_of(manager_module, [("elif self.ref_count(table[j]) > 1:", "elif False:")],
                        tmp_path, monkeypatch)
     monkeypatch.setattr("paged_ref.engine.scheduler.KVCacheManager", mutant.KVCacheManager)
     with pytest.raises(AssertionError, match="another sequence wrote"):

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from paged_ref.engine import Engine, SamplingParams
-from paged_ref.engine import engine as engine_module
 from paged_ref.models import warmup as warmup_module
 from tests.conftest import KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
@@ -127,18 +126,19 @@ class _Cycle:
         self.me = self
 
 
-@pytest.mark.parametrize("engine_module_or_mutant, caught", [
+@pytest.mark.parametrize("planted, caught", [
     ("as written", None),
-    ("freezes without collecting first", ("        gc.collect()\n", "")),
-    ("never freezes", ("        gc.freeze()\n", "")),
+    ("freezes without collecting first", ("    gc.collect()\n", "")),
+    ("never freezes", ("    gc.freeze()\n", "")),
 ])
-def test_warmup_collects_then_freezes(tiny, unfrozen, engine_module_or_mutant, caught, tmp_path,
+def test_warmup_collects_then_freezes(tiny, unfrozen, planted, caught, tmp_path,
                                       monkeypatch):
     """Warm-up ends with gc.collect() then gc.freeze(): what is alive then (the model, the
     engine) is out of the collector's sweeps, and garbage made before it is not kept."""
-    module = engine_module if caught is None else mutant_of(engine_module, [caught], tmp_path,
-                                                            monkeypatch)
-    engine = module.Engine(tiny, **POOL)
+    if caught is not None:
+        mutant = mutant_of(warmup_module, [caught], tmp_path, monkeypatch)
+        monkeypatch.setattr(Engine, "warmup", mutant.warmup)
+    engine = Engine(tiny, **POOL)
     garbage = weakref.ref(_Cycle())  # (unreachable from the start, kept alive by its cycle)
     before = gc.get_freeze_count()
     engine.warmup()
@@ -205,23 +205,25 @@ def test_waves_fit_the_engine_and_never_hit_the_prefix_cache():
         assert len(ids) + params.max_tokens - 1 <= 3
 
 
-# (planted mistake in Engine.warmup, old text, new text, configuration)
+# (planted mistake in Engine.warmup (paged_ref.models.warmup.warmup), old text, new text,
+# configuration)
 PLANTED = [
     ("warmup on the engine's own scheduler: its prompts' hashes stay cached",
-     "self.scheduler = copy.deepcopy(self.scheduler, {id(self.disk_tier): None})", "pass",
+     "engine.scheduler = copy.deepcopy(engine.scheduler, {id(engine.disk_tier): None})", "pass",
      "default"),
-    ("request ids not reset", "(self.scheduler, self.stats), self._next_id, self._last = "
-     "kept, 0, ()", "(self.scheduler, self.stats), self._last = kept, ()", "default"),
+    ("request ids not reset", "(engine.scheduler, engine.stats), engine._next_id, engine._last = "
+     "kept, 0, ()", "(engine.scheduler, engine.stats), engine._last = kept, ()", "default"),
     ("the global RNG not restored", "with torch.random.fork_rng(devices=cuda):",
      "with torch.no_grad():", "default"),
     ("the dummies share the disk tier: their blocks stay in its file",
-     "{id(self.disk_tier): None}", "{id(self.disk_tier): self.disk_tier}", "three_tiers"),
+     "{id(engine.disk_tier): None}", "{id(engine.disk_tier): engine.disk_tier}", "three_tiers"),
 ]
 
 
 @pytest.mark.parametrize("old, new, name", [p[1:] for p in PLANTED], ids=[p[0] for p in PLANTED])
 def test_planted_warmup_mistakes_are_caught(tiny, old, new, name, tmp_path, monkeypatch):
-    mutant = mutant_of(engine_module, [(old, new)], tmp_path, monkeypatch)
+    mutant = mutant_of(warmup_module, [(old, new)], tmp_path, monkeypatch)
     kw, prompts, tokens = _config(name, tmp_path)
-    warm, fresh = mutant.Engine(tiny, **kw), Engine(tiny, **kw)
+    warm, fresh = Engine(tiny, **kw), Engine(tiny, **kw)
+    monkeypatch.setattr(warm, "warmup", mutant.warmup.__get__(warm))
     assert _warm(warm) + _differences(warm, fresh, prompts, new=tokens) != []
