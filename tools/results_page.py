@@ -34,6 +34,7 @@ FILES = {
     "h200/engine.json": "engine suite (09)",
     "h200/engine_busy.json": "engine wall vs GPU busy time, 256 x 128, 1B-like (09, 12)",
     "h200/engine.png": "plot of engine.json",
+    "h100/engine_multistep.json": "multi-step engine (09)",
     "h200/engine_smollm2_real.json": "engine on SmolLM2's real weights (09)",
     "h200/engine_smollm2_same_machine.json": "real vs random weights (09)",
     "h200/engine_formats.json": "engine per cache format (10)",
@@ -157,12 +158,14 @@ def engine_section() -> str:
 
 
 def busy_line() -> str:
-    """The newer engine run's wall time against the GPU's busy time (engine_busy.json)."""
-    d = load("h200/engine_busy.json")
-    e = d["throughput"][0]
-    return (f"\n\nWall / GPU busy ({e['shape']}, {d['date']}, `{d['commit']}`): "
-            f"**{e['engine']['wall_over_gpu_busy']:.2f}x** (wall {e['engine']['seconds']:.2f} s, "
-            f"busy {e['engine']['gpu_busy_s']:.2f} s, {e['engine']['output_tok_s']:,.0f} tok/s).")
+    """Wall / GPU busy per ``num_scheduler_steps`` (h100/engine_multistep.json, one run; the
+    H200's one-pass run before it: h200/engine_busy.json)."""
+    d = load("h100/engine_multistep.json")
+    runs = [e for k, e in d["throughput"][0].items() if k.startswith("engine")
+            and isinstance(e, dict)]
+    return (f"\n\nWall / GPU busy ({d['gpu'].split()[1]}, {d['date']}, `{d['commit']}`): "
+            "`num_scheduler_steps` " + "/".join(str(e["num_scheduler_steps"]) for e in runs)
+            + ": **" + "/".join(f"{e['wall_over_gpu_busy']:.2f}x" for e in runs) + "**.")
 
 
 def serving_section() -> str:
