@@ -54,8 +54,8 @@ def count_hits(engine) -> dict:
     sched, box = engine.scheduler, {"cached": 0, "admitted": 0}
     schedule = sched.schedule
 
-    def counted():
-        out = schedule()
+    def counted(*args):
+        out = schedule(*args)
         box["cached"] += out.cached_tokens
         box["admitted"] += sum(r.num_tokens for r in out.admitted)
         return out

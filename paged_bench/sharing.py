@@ -55,8 +55,8 @@ def measure(engine, run, key=lambda request: None) -> dict:
     sched, m = engine.scheduler, engine.scheduler.manager
     schedule, totals = sched.schedule, {}
 
-    def counted_schedule():
-        out = schedule()
+    def counted_schedule(*args):
+        out = schedule(*args)
         tables: dict = {}
         for r in sched.running:
             tables.setdefault(key(r), []).append(m.block_table(r.req_id))
