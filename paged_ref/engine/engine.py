@@ -197,13 +197,14 @@ class Engine:
             step, reqs = self._layout(out, [b for b, _ in rows]), [r for _, r in rows]
             if out.steps:  # (every request greedy, one token of its own each pass)
                 got = self.runner.execute_steps(step)
-                new = {r.req_id: t for r, t in zip(reqs, got, strict=True)}
-            else:
+                new = {r.req_id: t for r, t in zip(reqs, got, strict=True)}  # (update cuts
+            else:                                                            # them at a stop)
                 got = (self.runner.top_logprobs(step, logprobs) if logprobs else
                        self.runner.execute(step, SamplingBatch.of(
                            [r.params for r in reqs], [r.generator for r in reqs])))
+                new = pick(reqs, got)
             now = time.perf_counter()
-            finished = sched.update(out, new if out.steps else pick(reqs, got))
+            finished = sched.update(out, new)
         except BaseException:
             if out is not None:  # (a failed schedule rolled itself back)
                 if not applied:

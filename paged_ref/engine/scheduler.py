@@ -191,8 +191,9 @@ class Scheduler:
         ``"dropped"``). A request stops after a token in ``stop_ids`` or its own ``stop_ids``
         (``"stop"``), or at ``max_new_tokens`` (``"length"``). Returns the requests that
         finished (freed). A multi-step decode (``out.steps``): each ``req_id`` maps to the
-        tokens of its passes, in order; those after a stop are dropped (their K/V went to
-        blocks freed with it), the others' K/V are in (``KVCacheManager.extend``).
+        tokens of its passes, in order; those after a stop are cut from that list, in place
+        (what the engine delivers; their K/V went to blocks freed with the request), the
+        others' K/V are in (``KVCacheManager.extend``).
         """
         finished = []
         for chunk in out.chunks:

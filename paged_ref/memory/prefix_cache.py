@@ -221,19 +221,11 @@ class PrefixCache:
     def record_token(self, seq_id: Hashable, token_id: int | None, table: list[int]) -> None:
         """After an append to ``seq_id`` (blocks ``table``): extend its token ids; cache the
         block the token filled."""
-        tokens = self.tokens.get(seq_id)
-        if tokens is None:  # prefix caching off, or an earlier token is unknown
-            return
         if token_id is None:
-            self.tokens[seq_id] = None
+            if seq_id in self.tokens:  # (an unknown token: this block and later are uncacheable)
+                self.tokens[seq_id] = None
             return
-        tokens.append(token_id)
-        if len(tokens) % self.block_size == 0:
-            hashes = self.hashes[seq_id]
-            j = len(hashes)
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
-                                            tokens[j * self.block_size:]))
-            self.register(seq_id, table, j)
+        self.record_tokens(seq_id, [token_id], table)
 
     def record_tokens(self, seq_id: Hashable, token_ids: list[int], table: list[int]) -> None:
         """:meth:`record_token` for each of ``token_ids`` (checked, none None), in one go."""
