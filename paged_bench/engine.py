@@ -114,19 +114,23 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
 
     engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
                     max_num_seqs=max_num_seqs, **kw)
-    # Warm-up on the same prompts (untimed): the prefill steps' shapes compile Triton kernels
-    # and pick cuBLAS kernels once (the 2026-11-30 run warmed up on 8 prompts only, and its
-    # first timed step still took ~1 s on the 1B shape).
-    engine.generate(prompts, 2, ignore_eos=True)
+    # Warm-up on prompts of the same lengths (untimed): the prefill steps' shapes compile
+    # Triton kernels and pick cuBLAS kernels once (the 2026-11-30 run warmed up on 8 prompts
+    # only, and its first timed step still took ~1 s on the 1B shape). Each run gets token ids
+    # of its own (``fresh``): the prefix cache holds none of its prompts, every prompt token
+    # is computed (runs before 2026-12-07 repeated the prompts: ~94 % were prefix-cache hits).
+    vocab = model.config.vocab_size
+    engine.generate(fresh(prompts, 0, vocab), 2, ignore_eos=True)
     sync()
-    engine.generate(prompts, max_new, ignore_eos=True)
+    engine.generate(fresh(prompts, 1, vocab), max_new, ignore_eos=True)
     s = engine.stats
-    # The GPU's busy time over the same run, profiled (the profiler slows the host, so the
+    # The GPU's busy time over the same work, profiled (the profiler slows the host, so the
     # wall time compared with it is the unprofiled run's): wall / busy = 1 when the host is
     # never on the GPU's critical path.
-    busy = busy_seconds(profiled_kernels(lambda: engine.generate(prompts, max_new,
-                                                                 ignore_eos=True)))
+    busy = busy_seconds(profiled_kernels(lambda: engine.generate(
+        fresh(prompts, 2, vocab), max_new, ignore_eos=True)))
     return engine, {"num_scheduler_steps": engine.num_scheduler_steps,
+                    "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
                     "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
                     "output_tok_s": s.output_tokens_per_s, "seconds": s.seconds,
                     "gpu_busy_s": busy, "wall_over_gpu_busy": s.seconds / busy,
@@ -135,6 +139,12 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
                     "max_requests_held": s.max_running, "steps": s.steps,
                     "preemptions": s.preemptions, "num_blocks": num_blocks,
                     "max_num_seqs": max_num_seqs}
+
+
+def fresh(prompts, round_: int, vocab: int) -> list[list[int]]:
+    """``prompts`` with their ids moved (``round_`` 0: as they are): same lengths, no block
+    alike, so a run with another ``round_`` finds nothing of them in the prefix cache."""
+    return [[3 + (t - 3 + 7919 * round_) % (vocab - 3) for t in p] for p in prompts]
 
 
 def run_static(model, prompts, max_new: int, batch_size: int):
@@ -397,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduler-steps", default="1,8",
                    help="the engine's num_scheduler_steps, one run each (the first: 'engine', "
                         "the others 'engine_steps<K>')")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-batched-tokens", default="2048",
+                   help="the engine's token budget per step, one run each with each "
+                        "--scheduler-steps (a key after the first: 'engine_steps<K>_tokens<N>')")
     p.add_argument("--budgets", default="4096,8192,16384,32768")
     p.add_argument("--sweep-requests", type=int, default=128)
     p.add_argument("--format-budget-mib", type=float, default=0,
@@ -439,11 +451,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.systems:
             try:
                 if name == "engine":
-                    for i, k in enumerate(int(k) for k in args.scheduler_steps.split(",")):
-                        key = "engine" if i == 0 else f"engine_steps{k}"
+                    budgets = [int(m) for m in args.max_num_batched_tokens.split(",")]
+                    steps = [int(k) for k in args.scheduler_steps.split(",")]
+                    for i, (m, k) in enumerate((m, k) for m in budgets for k in steps):
+                        key = "engine" if i == 0 else f"engine_steps{k}" + (
+                            f"_tokens{m}" if m != budgets[0] else "")
                         engine, row[key] = run_engine(
                             model, prompts, args.output_len, num_blocks, num_scheduler_steps=k,
-                            max_num_batched_tokens=args.max_num_batched_tokens)
+                            max_num_batched_tokens=m)
                         print(shape, key, row[key], flush=True)
                     for batch in (64, 256):
                         result["decode_step"].append({"shape": shape, **decode_step(

@@ -20,7 +20,7 @@ beam search reads each row's likeliest tokens and their log-probabilities (``top
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -201,9 +201,7 @@ class ModelRunner:
         else:
             tokens, ids = [], torch.tensor(step.input_ids, device=self.device)
             for pos, slots, lens in zip(*passes, strict=True):
-                one = StepInputs(step.input_ids, pos.tolist(), slots.tolist(),  # (a decode)
-                                 step.query_start_loc, lens.tolist(), step.block_tables,
-                                 step.sample_rows)
+                one = replace(step, seq_lens=lens.tolist())  # (what _attend reads)
                 ids = self.model.lm_head(self.forward(
                     ids, torch.from_numpy(pos).to(self.device),
                     torch.from_numpy(slots).to(self.device), self._attend(one))).argmax(dim=-1)

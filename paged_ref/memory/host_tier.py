@@ -138,7 +138,12 @@ class HostTier:
         return hit[:bad[0]] if bad else hit
 
     def prefetch(self, hashes: list[Hashable]) -> int:
-        """Start reading those of ``hashes`` that are on the disk; how many reads started."""
+        """Start reading those of ``hashes`` that are on the disk; how many reads started.
+        Those here become the most recently used: a request about to be admitted finds them
+        here, not spilled to the disk meanwhile."""
+        for block_hash in hashes:
+            if block_hash in self._slots:
+                self._slots.touch(block_hash)
         return 0 if self.disk is None else self.disk.prefetch(
             [h for h in hashes if h not in self._slots])
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_bench.engine import busy_seconds, step_roofline_ms
+from paged_bench.engine import busy_seconds, fresh, step_roofline_ms, workload
 
 
 def event(start_us: float, end_us: float):
@@ -37,3 +37,21 @@ def test_the_step_roofline_takes_whichever_binds_the_matmuls():
     assert step_roofline_ms(w, kv256, 256, bw, peak) == pytest.approx(1.488, abs=1e-3)
     assert step_roofline_ms(w, kv256, 256, bw, peak, element_size=4) < step_roofline_ms(
         w, kv256, 256, bw, peak)  # (float32 weights: half the FLOPs per byte)
+
+
+def test_each_run_of_the_engine_suite_gets_prompts_the_prefix_cache_never_saw():
+    """``fresh``: the same lengths, ids in the model's range, and no 16-token block alike
+    between rounds (so the timed and the profiled run compute every prompt token)."""
+    from paged_ref import KVCacheManager
+
+    prompts, _ = workload(64, 300)
+    rounds = [fresh(prompts, r, 300) for r in range(3)]
+    assert rounds[0] == prompts
+    for ids in rounds:
+        assert [len(p) for p in ids] == [len(p) for p in prompts]
+        assert all(3 <= t < 300 for p in ids for t in p)
+    m = KVCacheManager(3 * sum(len(p) // 16 + 1 for p in prompts), 16,
+                       enable_prefix_caching=True)
+    for r, ids in enumerate(rounds):
+        for i, p in enumerate(ids):
+            assert m.add_sequence((r, i), token_ids=p) == 0, (r, i)

@@ -186,6 +186,27 @@ def the_disk_drops_its_least_recently_used(folder, classes):
     assert r.disk.hashes() == [first[1], first[3]]
 
 
+def a_prefetch_keeps_its_host_blocks_on_the_host(folder, classes):
+    """A prefetch makes the host blocks of a prompt about to be admitted the most recent: the
+    next spill pushes another block down to the disk, and the prompt's hit comes from memory."""
+    r = Run(folder, num_blocks=2, block_size=2, host=2, disk=2, classes=classes)
+    a, b, c = [1, 2, 0], [3, 4, 0], [5, 6, 0]
+    for p in (a, b):
+        r.add("p", p)
+        r.m.free_sequence("p")
+        r.evict()
+    assert r.m._host.hashes() == [blocks_of(r, a)[0], blocks_of(r, b)[0]]  # oldest first
+    assert r.m.prefetch(a) == 0  # on the host: nothing to read, but a is now the most recent
+    r.add("p", c)
+    r.m.free_sequence("p")
+    r.evict()
+    assert r.where() == {blocks_of(r, a)[0]: "host", blocks_of(r, b)[0]: "disk",
+                         blocks_of(r, c)[0]: "host"}
+    before = r.m.stats().disk_bytes_read
+    assert r.add("a2", a) == 2 and r.m.stats().disk_bytes_read == before
+    r.assert_holds_what_was_written("a2")
+
+
 def a_prefetch_is_read_once(folder, classes):
     """Reads started ahead on the threads are what the lookup uses: each block read once."""
     r = Run(folder, num_blocks=5, block_size=1, host=1, disk=4, workers=2, classes=classes)
@@ -272,7 +293,8 @@ def a_hash_cached_again_leaves_the_tiers_below(folder, classes):
 
 
 SCENARIOS = [spills_go_down_and_hits_come_back, a_full_host_moves_its_oldest_block_down,
-             the_disk_drops_its_least_recently_used, a_prefetch_is_read_once,
+             the_disk_drops_its_least_recently_used,
+             a_prefetch_keeps_its_host_blocks_on_the_host, a_prefetch_is_read_once,
              a_failed_admission_reads_nothing, a_disk_write_failing_half_way_drops_that_block,
              a_disk_read_failing_half_way_ends_the_hit, a_hash_cached_again_leaves_the_tiers_below]
 
@@ -401,6 +423,9 @@ PLANTED = {
     "a prefetch does not make a block recent": (
         queue_module, "        self._slot_of.move_to_end(block_hash)",
         "        pass", "disk slots"),
+    "a prefetch leaves the host blocks it needs to be pushed down": (
+        host_module, "                self._slots.touch(block_hash)", "                pass",
+        "host tier"),
     "the host copy stays when the device caches the hash again": (
         host_module, "            slot = self._slots.pop(block_hash)\n"
                      "            self._slots.free(slot)\n", "            pass\n", "host tier"),
@@ -469,6 +494,7 @@ def test_each_planted_mistake_is_caught_by_a_scenario(mistake, tmp_path, monkeyp
 MACHINE_CATCHES = [m for m in PLANTED if m not in (
     "the disk drops its most recent block first",  # (both orders keep the invariants)
     "a prefetch does not make a block recent",
+    "a prefetch leaves the host blocks it needs to be pushed down",
     "a lookup reads the disk before it knows the prompt fits",  # (the machine's manager is real)
 )]
 
