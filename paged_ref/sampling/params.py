@@ -103,4 +103,7 @@ def as_token_ids(name: str, value, *, scalar: bool = False, minimum: int | None 
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         hint = " (encode text with the tokenizer first)" if isinstance(value, str) else ""
         raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}{hint}")
-    return [check_int(f"{name}[{j}]", t, minimum=minimum) for j, t in enumerate(value)]
+    ids = list(value)
+    if all(type(t) is int for t in ids) and (minimum is None or min(ids, default=0) >= minimum):
+        return ids  # (most calls: plain ints, checked at C speed; else the one at fault named)
+    return [check_int(f"{name}[{j}]", t, minimum=minimum) for j, t in enumerate(ids)]
