@@ -200,8 +200,8 @@ def unknown_lengths(shapes) -> Lengths:
     leaves a long row alone in the last wave. B32_ragged (lengths 64..16,384) planned as if
     every row were full got 2 chunks of 8,128 tokens, where its lengths take 8 of 2,048.
     """
-    capacity = shapes.max_blocks_per_seq * shapes.block_size
-    return Lengths(capacity, capacity + (shapes.batch - 1) * capacity // 2)
+    capacity = shapes.max_blocks_per_seq * shapes.block_size if shapes.num_blocks else 0
+    return Lengths(capacity, capacity + (shapes.batch - 1) * capacity // 2)  # (no blocks: 0)
 
 
 def _checked_while_running(key, shapes, backend, scale, kv_format, q, k_cache, v_cache,

@@ -90,6 +90,22 @@ def test_a_failed_check_raises_the_named_error_and_skips_only_that_row(backend, 
     assert_close(out[keep], want[keep])
 
 
+@pytest.mark.parametrize("backend", ["triton", "triton_split"])
+def test_a_pool_of_no_blocks_reads_nothing(backend, device_checks):
+    """num_blocks == 0 (tests/test_inputs.py's case, on this path): the plan covers length 0
+    only, so the kernel reads nothing; empty rows give zeros, a row of length 1 the named
+    error (the GPU path planned for the table's capacity and refused its own plan)."""
+    k = torch.randn(0, 8, 2, 32, device=DEVICE)
+    q = torch.randn(2, 4, 32, device=DEVICE)
+    tables = torch.full((2, 1), -1, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([0, 0], dtype=torch.int32, device=DEVICE)
+    assert (paged_attention(q, k, k, tables, lens, backend=backend) == 0).all()
+    with pytest.raises(ValueError, match=r"block_tables\[1, 0\] = -1 is outside \[0, num_"):
+        paged_attention(q, k, k, tables, lens + torch.tensor([0, 1], dtype=torch.int32,
+                                                             device=DEVICE), backend=backend)
+    assert device_checks == [2, 2]
+
+
 @pytest.mark.parametrize("runner", ["one pass", "split + merge kernel", "split, fused merge"])
 def test_kernels_skip_a_row_of_length_minus_one(runner):
     """Row 2's table points far outside the pool: a kernel that read it would crash or
