@@ -18,12 +18,12 @@ PAGE = RESULTS / "README.md"
 
 #: One line per file: what it holds and who reads it (every file under results/ is listed).
 FILES = {
-    "h200/decode.json": "decode suite, every backend and peer (04-08)",
+    "h200/decode.json": "decode suite (04-08)",
     "h200/decode.png": "plot of decode.json",
-    "h200/decode_gather.json": "decode with the torch gather rows (03)",
-    "h200/decode_launch_path.json": "decode after the GPU-side checks (06)",
-    "h200/launch_path.json": "host µs inside one Triton launch (06)",
-    "h200/host_path.json": "planned call vs FlashInfer run(), B4 (06)",
+    "h200/decode_gather.json": "decode, torch gather rows (03)",
+    "h200/decode_launch_path.json": "decode, GPU-side checks (06)",
+    "h200/launch_path.json": "host µs in a Triton launch (06)",
+    "h200/host_path.json": "planned call vs FlashInfer, B4 (06)",
     "h200/page_size.json": "block sizes 1-256 on B64_L4096 (06)",
     "h200/chunks.json": "split-KV chunk counts (05)",
     "h200/tune_configs.json": "Triton tile sweep (05)",
@@ -32,25 +32,26 @@ FILES = {
     "h200/quant.json": "decode, FP8 / INT4 caches (10)",
     "h200/quant.png": "plot of quant.json",
     "h200/engine.json": "engine suite (09)",
-    "h200/engine_busy.json": "engine wall vs GPU busy time, 256 x 128, 1B-like (09, 12)",
+    "h200/engine_busy.json": "engine wall vs GPU busy (09, 12)",
     "h200/engine.png": "plot of engine.json",
     "h100/engine_multistep.json": "multi-step engine (09)",
-    "h200/engine_smollm2_real.json": "engine on SmolLM2's real weights (09)",
+    "h200/engine_smollm2_real.json": "engine, SmolLM2's real weights (09)",
     "h200/engine_smollm2_same_machine.json": "real vs random weights (09)",
     "h200/engine_formats.json": "engine per cache format (10)",
     "h200/format_step.json": "decode step per format (10)",
-    "h200/quant_smollm2_bf16_auto.json": "SmolLM2 perplexity per format (10)",
-    "h200/quant_smollm2_bf16_torch.json": "the same, torch backend (10)",
+    "h200/quant_smollm2_bf16_auto.json": "SmolLM2 perplexity by format (10)",
+    "h200/quant_smollm2_bf16_torch.json": "the same, torch (10)",
     "h200/quant_lm_layer_error.json": "error on SmolLM2's q/K/V (10)",
     "h200/offload.json": "host copy vs recompute (07)",
-    "h200/fp8_triton_study.json": "why Triton's FP8 / INT4 decode is not 2x (10a)",
-    "h200/cuda_kernels_study.json": "the CUDA kernels' design steps and counters (10b)",
+    "h200/fp8_triton_study.json": "why Triton FP8 / INT4 is not 2x (10a)",
+    "h200/cuda_kernels_study.json": "CUDA kernels' design steps (10b)",
     "h200/short_calls_study.json": "timing short calls (10c)",
-    "h200/serving.json": "latency vs request rate per reservation policy (12)",
+    "h200/serving.json": "latency vs request rate per policy (12)",
     "h200/serving.png": "plot of serving.json",
     "h200/warmup.json": "first vs second generate (09)",
     "h200/suite.log": "the suite on the H200",
-    "h200x2/transfer.json": "KV blocks between two H200s (11)",
+    "h100/suite.log": "the suite on an H100 (shard 1/2)",
+    "h200x2/transfer.json": "KV blocks across two H200s (11)",
     "cpu/sharing.json": "sharing savings, simulated (07)",
     "cpu/sharing_engine.json": "measured in the engine (07)",
     "cpu/scheduling.json": "prefix-aware vs FCFS (12)",
@@ -152,20 +153,30 @@ def engine_section() -> str:
             f"requests x {d['output_len']} new tokens, random bf16 weights; output tok/s.\n\n"
             + table(["shape", "engine", "generate_batch", "static batches", "engine TTFT s"],
                     rows) + busy_line()
-            + "\n\nOne decode step replayed from its CUDA graph against its roofline (weights + "
-              "KV bytes at copy bandwidth):\n\n"
+            + "\n\nA decode step replayed from its CUDA graph vs its roofline (weights + KV "
+              "at copy bandwidth):\n\n"
             + table(["shape", "batch", "ms", "roofline ms", "x roofline"], steps))
 
 
 def busy_line() -> str:
-    """Wall / GPU busy per ``num_scheduler_steps`` (h100/engine_multistep.json, one run; the
-    H200's one-pass run before it: h200/engine_busy.json)."""
+    """The multi-step engine per ``max_num_batched_tokens`` and ``num_scheduler_steps``
+    (h100/engine_multistep.json, one run): output tok/s, and wall / GPU busy where measured."""
     d = load("h100/engine_multistep.json")
     runs = [e for k, e in d["throughput"][0].items() if k.startswith("engine")
             and isinstance(e, dict)]
-    return (f"\n\nWall / GPU busy ({d['gpu'].split()[1]}, {d['date']}, `{d['commit']}`): "
-            "`num_scheduler_steps` " + "/".join(str(e["num_scheduler_steps"]) for e in runs)
-            + ": **" + "/".join(f"{e['wall_over_gpu_busy']:.2f}x" for e in runs) + "**.")
+    parts = []
+    for m in dict.fromkeys(e["max_num_batched_tokens"] for e in runs):
+        mine = [e for e in runs if e["max_num_batched_tokens"] == m]
+        ratios = [e["wall_over_gpu_busy"] for e in mine]
+        parts.append("**" + "/".join(f"{e['output_tok_s']:,.0f}" for e in mine) + f"** ({m:,})"
+                     + ("" if None in ratios else
+                        ", wall / busy " + "/".join(f"{r:.2f}x" for r in ratios)))
+    steps = "/".join(dict.fromkeys(str(e["num_scheduler_steps"]) for e in runs))
+    missing = any(e["wall_over_gpu_busy"] is None for e in runs)
+    return (f"\n\nMulti-step engine ({d['gpu'].split()[1]}, {d['date']}, `{d['commit']}`, cold "
+            f"prefix cache), tok/s at `num_scheduler_steps` {steps} (tokens a step): "
+            + "; ".join(parts) + "." + (" Wall / GPU busy: not measured (the JSON's note)."
+                                        if missing else ""))
 
 
 def serving_section() -> str:
@@ -222,8 +233,8 @@ def tiers_section() -> str:
                      "-" if not (cold and again) else f"{again['ms'] / cold['ms']:.1f}"])
     disk = d["disk"]
     return (f"## Three tiers (`python -m paged_bench tiers`)\n\n{stamp(d)} ms to bring a cached "
-            "prefix (Llama-3.2-1B shape) back to the GPU: from disk (`cold`: pages dropped; "
-            "`warm`: page cache), from host memory, or recomputed. Disk: "
+            "prefix (Llama-3.2-1B shape) back: from disk (`cold`: pages dropped; `warm`: "
+            "page cache), host memory, or recomputed. Disk: "
             f"{disk.get('fs_type', '?')}.\n\n"
             + table(["prefix", *cols, "recompute / disk cold"], rows))
 
@@ -235,8 +246,8 @@ def index_section() -> str:
 
 
 def page() -> str:
-    parts = ["# Results\n\nThe current measurements the lessons read: one JSON (+ plot) per "
-             "suite and GPU kind, stamped with GPU, versions, date and commit. Earlier findings: "
+    parts = ["# Results\n\nThe measurements the lessons read, one JSON (+ plot) per suite and "
+             "GPU kind, stamped with GPU, versions, date, commit; findings: "
              "[docs/lab_notes.md](../docs/lab_notes.md). Generated by "
              "`python tools/results_page.py`.",
              decode_section(), prefill_section(), quant_section(), engine_section(),
