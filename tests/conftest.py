@@ -122,10 +122,34 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (str(item.path), item.location[1] or 0, f"not implemented yet: {message}")
 
 
+#: pytest sessions running in this process (a test that plants a mistake runs the tests it
+#: breaks in a nested ``pytest.main``: 2 inside it), and whether the outer one is xdist's
+#: controller (which gets a copy of every worker's reports).
+_SESSIONS = {"depth": 0, "controller": False}
+
+
+def pytest_sessionstart(session):
+    _SESSIONS["depth"] += 1
+    if _SESSIONS["depth"] == 1:
+        _SESSIONS["controller"] = session.config.pluginmanager.has_plugin("dsession")
+
+
+def pytest_sessionfinish(session):
+    _SESSIONS["depth"] -= 1
+
+
 def pytest_runtest_logreport(report):
-    """With ``PAGED_REF_FAILURE_LOG=<file>``, each failure's traceback is appended to that file
-    as it happens (a GPU run cut off by its time limit still says why its tests failed)."""
+    """Logs as tests finish, for a GPU run that its time limit may cut off before pytest's own
+    summary: with ``PAGED_REF_FAILURE_LOG=<file>`` each failure's traceback, with
+    ``PAGED_REF_DURATIONS_LOG=<file>`` each phase's seconds. Only the outer run's own tests:
+    not a nested run's (its failures are planted mistakes, caught), not the controller's copy."""
+    if _SESSIONS["depth"] != 1 or _SESSIONS["controller"]:
+        return
     path = os.environ.get("PAGED_REF_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"\n===== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
+    path = os.environ.get("PAGED_REF_DURATIONS_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{report.duration:.3f} {report.when} {report.outcome} {report.nodeid}\n")

@@ -2,7 +2,9 @@
 # The whole test suite on the GPU machine (everything but the notebooks and the browser test,
 # which need Jupyter and Chromium; tools/gpu/notebooks.sh runs the lessons there as plain
 # Python): every Triton kernel compiled, the CUDA kernels, the engine with CUDA graphs.
-# Writes $OUT/suite.log, stamped with GPU, versions, date and commit (results/h200/suite.log).
+# Writes $OUT/suite.log, stamped with GPU, versions, date and commit (results/h200/suite.log),
+# ending with what finished (counted from $OUT/durations.log, so also when the time limit cut
+# pytest's summary off: outcomes, failures, the slowest files), and $OUT/failures.log.
 # Carry .whl (hypothesis, sortedcontainers, pytest-xdist, execnet, ...) and build/cubins.tar.xz
 # (and build/triton_cache.tar.xz, the $OUT/triton_cache.tar.xz of an earlier call, if any).
 #   PAGED_REF_COMMIT=<hash> bash tools/gpu/suite.sh [pytest arguments]
@@ -34,6 +36,7 @@ if [ -n "${SUITE_SHARD:-}" ]; then
 fi
 LOG="$OUT/suite.log"
 export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (tests/conftest.py)
+export PAGED_REF_DURATIONS_LOG="$OUT/durations.log"  # each test phase's seconds, as they finish
 {
     echo "# pytest tests on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
@@ -43,5 +46,25 @@ export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (t
 timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore=tests/browser -q -ra \
     -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist loadfile "$@" 2>&1 \
     | grep -v "^tests/.*PASSED" | tee -a "$LOG" | tail -25
+# What finished, from the durations log (also when the time limit cut pytest's summary off):
+# the outcomes, and the files that took longest (to plan shards).
+python3 - "$PAGED_REF_DURATIONS_LOG" <<'PY' | tee -a "$LOG"
+import collections, sys
+outcome, seconds = {}, collections.Counter()
+for line in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else []:
+    secs, when, result, nodeid = line.rstrip("\n").split(" ", 3)
+    seconds[nodeid.split("::")[0]] += float(secs)
+    if result == "failed":
+        outcome[nodeid] = "error" if when != "call" else "failed"
+    elif result == "skipped" or when == "call" and nodeid not in outcome:
+        outcome.setdefault(nodeid, result)
+counts = collections.Counter(outcome.values())
+print("# finished (durations log):", ", ".join(f"{n} {k}" for k, n in counts.most_common()))
+for nodeid, result in sorted(outcome.items()):
+    if result in ("failed", "error"):
+        print(f"{result.upper()} {nodeid}")
+print("# slowest files (s, summed over their tests):",
+      ", ".join(f"{f} {t:.0f}" for f, t in seconds.most_common(12)))
+PY
 # The cache for the next call (copy it to build/triton_cache.tar.xz and carry it).
 tar -C "$TRITON_CACHE_DIR" -cJf "$OUT/triton_cache.tar.xz" . 2>/dev/null || true
