@@ -29,7 +29,7 @@ def admit_count(waiting_lens: Sequence[int], free_blocks: int, block_size: int,
     """Exercise 9.1: how many requests from the head of the waiting queue start this step.
 
     Args:
-        waiting_lens: tokens each waiting request must compute (uncached prompt), queue order.
+        waiting_lens: tokens each waiting request must compute (its prompt), queue order.
         free_blocks: blocks the pool can hand out now.
         block_size: tokens per block.
         token_budget: tokens this step may still compute.

@@ -12,8 +12,7 @@ tokens generated so far are one long prompt again. Every step:
    "prefix"``, longest cached prefix first: :func:`~paged_ref.engine.policy.admission_order`),
    while seats, token budget and free blocks last (:func:`~paged_ref.engine.policy.
    admit_count`); none in a step that preempted.
-   With prefix caching a new request's leading full blocks may be cached: it computes the rest,
-   and only that counts against the budget (vLLM's count; a disk hit that fails to read, over).
+   With prefix caching a new request's leading full blocks may be cached: it computes the rest.
 
 Slots are taken when a chunk is scheduled (``append_slot`` with the token id: the prefix
 cache's hash) and computed in the same step; if it fails, :meth:`Scheduler.rollback` aborts
@@ -321,17 +320,16 @@ class Scheduler:
             req.reserved = blocks
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
-        m, fcfs = self.manager, self.scheduling_policy == "fcfs"
-        seats = max(0, self.max_num_seqs - len(self.running))  # (forks may run over)
-        hits = [m.num_cached_tokens(r.tokens, r.block_hashes)  # (a memo: cheap when repeated)
-                for r in (islice(self.waiting, seats) if fcfs else self.waiting)]
-        order = range(len(hits)) if fcfs else policy.admission_order(
-            hits, [r.overtaken for r in self.waiting], self.max_overtakes)
-        heads, hits = [self.waiting[j] for j in order[:seats]], [hits[j] for j in order[:seats]]
-        count = self.admit([r.num_tokens - hit for r, hit in zip(heads, hits, strict=True)],
-                           m.num_free_blocks, self.block_size, budget, seats)
-        for req, hit in zip(heads[:count], hits, strict=False):
-            end = min(req.num_tokens, hit + budget)
+        m, seats = self.manager, max(0, self.max_num_seqs - len(self.running))  # (forks: over)
+        order = range(len(self.waiting)) if self.scheduling_policy == "fcfs" else (
+            policy.admission_order([m.num_cached_tokens(r.prompt, r.block_hashes) for r in
+                                    self.waiting], [r.overtaken for r in self.waiting],
+                                   self.max_overtakes))
+        heads = [self.waiting[j] for j in order[:seats]]
+        count = self.admit([r.num_tokens for r in heads], m.num_free_blocks, self.block_size,
+                           budget, seats)
+        for req in heads[:count]:
+            end = min(req.num_tokens, budget)
             hold = blocks_needed(reserved_tokens(self.reservation, len(req.prompt),
                                                  req.max_new_tokens, self.max_model_len),
                                  self.block_size)

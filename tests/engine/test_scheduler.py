@@ -145,35 +145,3 @@ def test_swap_brings_preempted_blocks_back_from_the_host_tier():
     assert sum(len(o.block_ops.swap_in) for o in steps) > 0
     assert all(r.output == expected(r) for r in requests)
 
-
-@pytest.mark.parametrize("policy", ["fcfs", "prefix"])
-def test_admission_counts_only_the_tokens_the_prefix_cache_lacks(policy):
-    """vLLM's count: a waiting request costs the step's token budget what it must compute, not
-    its whole prompt. Four requests whose 13-token prompt is cached but for its last token all
-    start in one 16-token step (counting whole prompts would admit two, the second's chunk cut
-    short of its cached blocks); each then computes that one token, nothing else."""
-    s = Scheduler(64, 4, max_num_batched_tokens=16, scheduling_policy=policy)
-    prompt = list(range(1, 14))
-    run(s, [Request(0, prompt, 1)])
-    reqs = [Request(i, list(prompt), 3) for i in range(1, 5)]
-    for r in reqs:
-        s.add(r)
-    out = s.schedule()
-    assert [(c.request.req_id, c.start, c.num_tokens) for c in out.chunks] == [
-        (i, 12, 1) for i in range(1, 5)]
-    assert out.cached_tokens == 4 * 12 and out.num_tokens == 4
-    s.update(out, {c.request.req_id: fake_token(c.request, c.end) for c in out.chunks})
-    assert [c.num_tokens for c in s.schedule().chunks] == [1] * 4  # (all decoding)
-
-
-def test_a_partly_cached_prompt_gets_the_rest_of_the_budget_past_its_hit():
-    """A prompt of 20 tokens, its first 12 cached, in a step with 5 tokens left: its chunk
-    starts at the hit and runs 5 tokens, to 17 (not to 5, recomputing cached blocks)."""
-    s = Scheduler(64, 4, max_num_batched_tokens=16)
-    prompt = list(range(1, 14))
-    run(s, [Request(0, prompt, 1)])
-    s.add(Request(1, [7] * 11, 2))  # 11 tokens: its whole prompt this step
-    s.add(Request(2, prompt[:12] + list(range(50, 58)), 2))
-    out = s.schedule()
-    assert [(c.request.req_id, c.start, c.num_tokens) for c in out.chunks] == [
-        (1, 0, 11), (2, 12, 5)]
