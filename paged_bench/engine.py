@@ -25,6 +25,7 @@ Writes ``engine.json`` (+ ``engine.png``) to ``--out``. On a CPU it says so and 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from pathlib import Path
@@ -127,7 +128,7 @@ def run_engine(model, prompts, max_new, num_blocks, block_size=16, max_num_seqs=
     # The GPU's busy time over the same work, profiled (the profiler slows the host, so the
     # wall time compared with it is the unprofiled run's): wall / busy = 1 when the host is
     # never on the GPU's critical path.
-    rounds = iter(range(2, 4))  # (profiled_kernels runs it twice: fresh prompts each time)
+    rounds = itertools.count(2)  # (profiled_kernels runs it twice: fresh prompts each time)
     busy = busy_seconds(profiled_kernels(lambda: engine.generate(
         fresh(prompts, next(rounds), vocab), max_new, ignore_eos=True)))
     return engine, {"num_scheduler_steps": engine.num_scheduler_steps,

@@ -51,10 +51,8 @@ def token_slot(block_table: list[int], token: int, block_size: int) -> int:
 
 
 def token_slots(block_table: list[int], seq_len: int, block_size: int, start: int = 0) -> list[int]:
-    """Slots of tokens ``start .. seq_len-1`` of one sequence: ``block * block_size + offset``
-    (:func:`token_slot` of each, written out: a prompt's slots are one list comprehension)."""
-    return [block_table[t // block_size] * block_size + t % block_size
-            for t in range(start, seq_len)]
+    """Slots of tokens ``start .. seq_len-1`` of one sequence: ``block * block_size + offset``."""
+    return [token_slot(block_table, t, block_size) for t in range(start, seq_len)]
 
 
 def default_scale(head_dim: int, scale: float | None = None) -> float:

@@ -141,11 +141,13 @@ class HostTier:
         """Start reading those of ``hashes`` that are on the disk; how many reads started.
         Those here become the most recently used: a request about to be admitted finds them
         here, not spilled to the disk meanwhile."""
+        on_disk = []
         for block_hash in hashes:
             if block_hash in self._slots:
                 self._slots.touch(block_hash)
-        return 0 if self.disk is None else self.disk.prefetch(
-            [h for h in hashes if h not in self._slots])
+            else:
+                on_disk.append(block_hash)
+        return 0 if self.disk is None else self.disk.prefetch(on_disk)
 
     def discard(self, block_hash: Hashable) -> None:
         """The device caches ``block_hash`` again: drop any copy of it here or on the disk,

@@ -145,3 +145,22 @@ def test_swap_brings_preempted_blocks_back_from_the_host_tier():
     assert sum(len(o.block_ops.swap_in) for o in steps) > 0
     assert all(r.output == expected(r) for r in requests)
 
+
+
+def test_forks_past_max_num_seqs_admit_nobody():
+    """Forked samples may run past ``max_num_seqs`` (a request's samples start together):
+    then no seat is left and nobody is admitted (a negative count of seats once admitted all
+    but the last of the queue)."""
+    s = Scheduler(64, 4, max_num_seqs=2)
+    a, b = Request(0, [1, 2, 3], 4), Request(1, [4, 5, 6], 4)
+    s.add(a)
+    s.add(b)
+    out = s.schedule()  # both admitted; then a third request forked from the first
+    s.update(out, {c.request.req_id: fake_token(c.request, c.end) for c in out.chunks})
+    s.fork(a, Request(2, list(a.prompt), 4))
+    assert len(s.running) == 3
+    waiting = [Request(i, [7, i, 9], 4) for i in range(3, 7)]
+    for r in waiting:
+        s.add(r)
+    out = s.schedule()
+    assert out.admitted == [] and all(r.status is Status.WAITING for r in waiting)

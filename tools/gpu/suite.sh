@@ -49,14 +49,15 @@ timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore
 # What finished, from the durations log (also when the time limit cut pytest's summary off):
 # the outcomes, and the files that took longest (to plan shards).
 python3 - "$PAGED_REF_DURATIONS_LOG" <<'PY' | tee -a "$LOG"
-import collections, sys
-outcome, seconds = {}, collections.Counter()
-for line in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else []:
-    secs, when, result, nodeid = line.rstrip("\n").split(" ", 3)
+import collections, pathlib, sys
+log = pathlib.Path(sys.argv[1])
+outcome, seconds = {}, collections.Counter()  # nodeid -> its outcome; file -> seconds
+for line in log.read_text().splitlines() if log.exists() else []:
+    secs, when, result, nodeid = line.split(" ", 3)
     seconds[nodeid.split("::")[0]] += float(secs)
-    if result == "failed":
-        outcome[nodeid] = "error" if when != "call" else "failed"
-    elif result == "skipped" or when == "call" and nodeid not in outcome:
+    if result == "failed":  # (a failed setup or teardown is an error, as pytest says)
+        outcome[nodeid] = "failed" if when == "call" else "error"
+    elif result == "skipped" or when == "call":  # (never over a failure seen before)
         outcome.setdefault(nodeid, result)
 counts = collections.Counter(outcome.values())
 print("# finished (durations log):", ", ".join(f"{n} {k}" for k, n in counts.most_common()))
