@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_ref.kernels.triton.launch import launch
+
 
 @triton.jit
 def _round(x, DTYPE: tl.constexpr):
@@ -137,7 +139,7 @@ def add_rms_norm_triton(h: torch.Tensor, delta: torch.Tensor | None, weight: tor
     h_out = h if delta is None else torch.empty_like(h)
     if h.shape[0]:
         block = triton.next_power_of_2(h.shape[1])
-        add_rms_norm_kernel[(h.shape[0],)](
+        launch(add_rms_norm_kernel, (h.shape[0],),
             h, h if delta is None else delta, weight, h_out, x, eps, HIDDEN=h.shape[1],
             BLOCK=block, HAS_DELTA=delta is not None, num_warps=min(16, max(1, block // 256)))
     return h_out, x
@@ -153,7 +155,7 @@ def rope_write_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
     q = torch.empty(qkv.shape[0], num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if qkv.shape[0]:
-        rope_write_kernel[(qkv.shape[0],)](
+        launch(rope_write_kernel, (qkv.shape[0],),
             qkv, cos, sin, q, k_cache, v_cache, slot_mapping, qkv.stride(0), cos.stride(0),
             NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
             Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
@@ -168,7 +170,7 @@ def silu_mul_triton(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     if gate_up.shape[0]:
         block = min(block, triton.next_power_of_2(inter))
-        silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
+        launch(silu_mul_kernel, (gate_up.shape[0], triton.cdiv(inter, block)),
             gate_up, out, INTER=inter, BLOCK=block, num_warps=4)
     return out
 

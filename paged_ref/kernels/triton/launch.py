@@ -1,4 +1,4 @@
-"""Shorter launch paths for the decode kernels' hot calls (lesson 06: the cost around a kernel).
+"""Shorter launch paths for the Triton kernels (lesson 06: the cost around a kernel).
 
 ``kernel[grid](*args)`` cost 31.5 us of host time in Triton 3.6 for ``split_kv_kernel``'s ~40
 arguments, measured on the host of a two-H200 machine:

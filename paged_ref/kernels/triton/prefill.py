@@ -51,6 +51,7 @@ from paged_ref.kernels.triton.kv_formats import (
     kv_kernel_args,
     load_scale_zero,
 )
+from paged_ref.kernels.triton.launch import launch
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_s
     block_q = block_m // consts["GROUP"]
     num_tiles = triton.cdiv(max_query_len, block_q)
     grid = (num_tiles, args[2].shape[2], num_seqs)  # args[2]: K's data, [.., Hkv, ..]
-    paged_prefill_kernel[grid](
+    launch(paged_prefill_kernel, grid,
         *args, seq_ids, consts["qk_scale"], num_tiles, *strides,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=config.block_n, CAUSAL=causal,
         USE_SEQ_IDS=seq_ids is not None, num_warps=config.num_warps,

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_ref.kernels.triton.launch import launch
 from paged_ref.quant import QuantizedKV
 
 FP8_TENSOR, FP8_TOKEN_HEAD, INT4 = 0, 1, 2
@@ -189,7 +190,7 @@ def quant_write_triton(k_cache: QuantizedKV, v_cache: QuantizedKV, k: torch.Tens
         raise ValueError("k_cache and v_cache must have the same strides")
     scales = (k_cache.scale, k_cache.zero if kind == INT4 else k_cache.scale,
               v_cache.scale, v_cache.zero if kind == INT4 else v_cache.scale)
-    quant_write_kernel[(num_tokens,)](
+    launch(quant_write_kernel, (num_tokens,),
         k, v, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.data, scales[0], scales[1], v_cache.data, scales[2], scales[3],
         k_cache.scale, v_cache.scale, stride_dt, stride_dh, stride_st, stride_sh,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from paged_ref.kernels.triton.launch import launch
+
 
 @triton.jit
 def store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
@@ -44,7 +46,7 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     if v.stride(-1) != 1:
         v = v.contiguous()
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    store_kv_kernel[(k.shape[0],)](
+    launch(store_kv_kernel, (k.shape[0],),
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         ROW_PAD=triton.next_power_of_2(num_kv_heads * head_dim), num_warps=4,
