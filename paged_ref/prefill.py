@@ -229,7 +229,7 @@ def _planned(plan, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
 
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                 scale=plan.scale, causal=plan.causal,
-                                query_lens=lengths.query_lens)
+                                query_lens=lengths.query_lens, launches=plan.launches)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ table too short for the plan -- is checked on every call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,7 +49,9 @@ class PrefillPlan:
     """What a planned prefill call runs: ``backend`` ``"torch"``, ``"triton"`` (the prefill
     kernel; a mixed batch's short rows in a second launch with small tiles) or ``"decode"``
     (every sequence has one query row: the decode kernels of ``decode``, faster there).
-    Host lengths per sequence: ``query_lens`` (query rows) and ``seq_lens`` (cache tokens)."""
+    Host lengths per sequence: ``query_lens`` (query rows) and ``seq_lens`` (cache tokens).
+    ``launches``: the Triton backend's kernel launches (``plan_launches``: a mixed batch's
+    row ids already on the device), the same for every layer."""
 
     backend: str
     query_lens: tuple[int, ...]
@@ -64,6 +66,7 @@ class PrefillPlan:
     scale: float | None
     kv_format: KVFormat | None = None
     decode: DecodePlan | None = None
+    launches: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def batch(self) -> int:
@@ -144,9 +147,14 @@ def plan_prefill(
             raise ValueError(UNREADABLE)
     decode = plan_decode(lens, **sizes, dtype=dtype, device=device, scale=scale,
                          kv_format=kv_format) if backend == "decode" else None
+    launches = ()
+    if backend == "triton":
+        from paged_ref.kernels.triton.prefill import plan_launches
+
+        launches = plan_launches(q_lens, num_q_heads, num_kv_heads, head_dim, dtype, device)
     return PrefillPlan(backend, tuple(q_lens), tuple(lens), *sizes.values(), dtype=dtype,
                        device=device, causal=causal, scale=scale, kv_format=kv_format,
-                       decode=decode)
+                       decode=decode, launches=launches)
 
 
 def check_planned_prefill(plan: PrefillPlan, q, k_cache, v_cache, block_tables, seq_lens,

@@ -48,6 +48,30 @@ def test_planned_call_matches_float64_and_reads_nothing_back(backend, seed):
         assert_close(out, want, name=f"planned {backend}, no host reads")
 
 
+def test_a_mixed_batch_is_split_once_at_plan_time(monkeypatch):
+    """A mixed batch (long prompts with decode-like rows) runs as two launches whose row ids
+    the plan uploaded once: every layer's call reuses them (no upload per layer, which on a GPU
+    may wait for the GPU), and still gives the float64 answer."""
+    from paged_ref.kernels.triton import prefill as triton_prefill
+
+    seq_lens, query_lens = [30, 9, 21, 5, 40], [20, 1, 3, 0, 15]  # (GQA 2: <= 8 rows is short)
+    inp = make_prefill_inputs(seq_lens, query_lens, seed=5, device=KERNEL_DEVICE, **SHAPE)
+    plan = _plan(seq_lens, query_lens, inp, backend="triton")
+    long_, short = plan.launches
+    assert long_.seq_ids.device == inp.q.device and long_.seq_ids.dtype == torch.int32
+    assert (long_.seq_ids.tolist(), short.seq_ids.tolist()) == ([0, 4], [1, 2])
+    assert (long_.max_query_len, short.max_query_len) == (20, 3)
+    assert short.config == triton_prefill.SHORT_CONFIG
+
+    def replanned(*args, **kw):
+        raise AssertionError("a planned call worked its launches out again")
+
+    monkeypatch.setattr(triton_prefill, "plan_launches", replanned)
+    for layer in range(2):
+        assert_close(paged_prefill(*inp.args(), plan=plan), inp.reference(),
+                     name=f"planned mixed batch, layer {layer}")
+
+
 def test_unplanned_call_reads_values_back():
     """The contrast the plan exists for (and proof that the guard above can fail)."""
     inp = make_prefill_inputs([9, 4], [9, 2], device="cpu", **SHAPE)
