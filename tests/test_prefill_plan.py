@@ -50,8 +50,9 @@ def test_planned_call_matches_float64_and_reads_nothing_back(backend, seed):
 
 def test_a_mixed_batch_is_split_once_at_plan_time(monkeypatch):
     """A mixed batch (long prompts with decode-like rows) runs as two launches whose row ids
-    the plan uploaded once: every layer's call reuses them (no upload per layer, which on a GPU
-    may wait for the GPU), and still gives the float64 answer."""
+    the plan uploaded once, each its own aligned tensor: every layer's call reuses them (no
+    upload per layer, which on a GPU may wait for the GPU), and still gives the float64
+    answer."""
     from paged_ref.kernels.triton import prefill as triton_prefill
 
     seq_lens, query_lens = [30, 9, 21, 5, 40], [20, 1, 3, 0, 15]  # (GQA 2: <= 8 rows is short)
@@ -62,6 +63,8 @@ def test_a_mixed_batch_is_split_once_at_plan_time(monkeypatch):
     assert (long_.seq_ids.tolist(), short.seq_ids.tolist()) == ([0, 4], [1, 2])
     assert (long_.max_query_len, short.max_query_len) == (20, 3)
     assert short.config == triton_prefill.SHORT_CONFIG
+    # 16-byte aligned, as warm-up's were (Triton compiles unaligned pointers apart)
+    assert long_.seq_ids.data_ptr() % 16 == 0 and short.seq_ids.data_ptr() % 16 == 0
 
     def replanned(*args, **kw):
         raise AssertionError("a planned call worked its launches out again")

@@ -86,8 +86,9 @@ QUANTISED_CONFIGS = {1: KernelConfig(64, 2, 3), 2: KernelConfig(64, 2, 3),
 #: The launch config for a plain 16-bit cache with head_dim <= 64 (the 1B-like and SmolLM2
 #: shapes): two pipeline stages, not three. H200, bf16, 32 q / 8 KV heads, D 64: B256_L284
 #: 0.0534 ms against 0.0573 (-7 %), B256_L1024 0.1446 against 0.1533 (-6 %), B64_L284 equal
-#: (27 configs each: tiles 32/64/128 x warps 2/4/8 x stages 2/3/4). At D 128 three stages
-#: stay best (``results/h200/tune_configs.json``).
+#: (27 configs each: tiles 32/64/128 x warps 2/4/8 x stages 2/3/4); on an H100 B256_L284
+#: -1.6 %, B64_L4096 +0.4 %, SmolLM2's heads (9 q / 3 KV) B32_L2048 +2.7 %. At D 128 three
+#: stages stay best (``results/h200/tune_configs.json``).
 SMALL_HEAD_CONFIG = KernelConfig(64, 4, 2)
 
 

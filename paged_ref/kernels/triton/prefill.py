@@ -358,7 +358,7 @@ def plan_launches(query_lens: list[int], num_q_heads: int, num_kv_heads: int, he
     """The launches for a batch with these host query rows: one with the default tiles; one
     with :data:`SHORT_CONFIG` when every sequence is decode-like (at most ``SHORT_CONFIG.block_m
     // GQA group`` rows); for a mixed batch, the long sequences with the default tiles and the
-    short ones with small tiles, their ids uploaded in one copy. ``plan_prefill`` works this out
+    short ones with small tiles, each launch's ids uploaded here. ``plan_prefill`` works this out
     once per step, so no layer copies ids to the GPU (each copy from pageable memory may wait
     for the GPU: on an H200 a 64 + 63-row mixed step took 12.4 ms where its kernels took 1.5)."""
     group = num_q_heads // num_kv_heads
@@ -370,10 +370,13 @@ def plan_launches(query_lens: list[int], num_q_heads: int, num_kv_heads: int, he
     if not short:
         return (Launch(None, default_config(head_dim, dtype), most, len(query_lens)),)
     long_ = [b for b, n in enumerate(query_lens) if n > short_rows]
-    ids = torch.tensor(long_ + short, dtype=torch.int32, device=device)
-    return (Launch(ids[:len(long_)], default_config(head_dim, dtype), most, len(long_)),
-            Launch(ids[len(long_):], SHORT_CONFIG, max(query_lens[b] for b in short),
-                   len(short)))
+    # (a tensor each, not two slices of one: Triton compiles a pointer argument apart for
+    # 16-byte aligned and unaligned addresses, and a slice's alignment follows len(long_), so a
+    # step could compile a variant warm-up did not)
+    long_ids, short_ids = (torch.tensor(ids, dtype=torch.int32, device=device)
+                           for ids in (long_, short))
+    return (Launch(long_ids, default_config(head_dim, dtype), most, len(long_)),
+            Launch(short_ids, SHORT_CONFIG, max(query_lens[b] for b in short), len(short)))
 
 
 def _launch(args, seq_ids, strides, consts, causal, config, max_query_len, num_seqs):
