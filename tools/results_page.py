@@ -34,7 +34,7 @@ FILES = {
     "h200/engine.json": "engine suite (09)",
     "h200/engine_busy.json": "engine wall vs GPU busy (09, 12)",
     "h200/engine.png": "plot of engine.json",
-    "h100/engine_multistep.json": "multi-step engine (09)",
+    "h200/engine_multistep.json": "multi-step engine (09)",
     "h200/engine_smollm2_real.json": "engine, SmolLM2's real weights (09)",
     "h200/engine_smollm2_same_machine.json": "real vs random weights (09)",
     "h200/engine_formats.json": "engine per cache format (10)",
@@ -160,23 +160,22 @@ def engine_section() -> str:
 
 def busy_line() -> str:
     """The multi-step engine per ``max_num_batched_tokens`` and ``num_scheduler_steps``
-    (h100/engine_multistep.json, one run): output tok/s, and wall / GPU busy where measured."""
-    d = load("h100/engine_multistep.json")
+    (h200/engine_multistep.json, one run): output tok/s, and wall / GPU busy where measured."""
+    d = load("h200/engine_multistep.json")
     runs = [e for k, e in d["throughput"][0].items() if k.startswith("engine")
             and isinstance(e, dict)]
+    measured = all(e.get("wall_over_gpu_busy") is not None for e in runs)
     parts = []
     for m in dict.fromkeys(e["max_num_batched_tokens"] for e in runs):
         mine = [e for e in runs if e["max_num_batched_tokens"] == m]
-        ratios = [e["wall_over_gpu_busy"] for e in mine]
         parts.append("**" + "/".join(f"{e['output_tok_s']:,.0f}" for e in mine) + f"** ({m:,})"
-                     + ("" if None in ratios else
-                        ", wall / busy " + "/".join(f"{r:.2f}x" for r in ratios)))
+                     + (", wall / busy " + "/".join(f"{e['wall_over_gpu_busy']:.2f}x"
+                                                   for e in mine) if measured else ""))
     steps = "/".join(dict.fromkeys(str(e["num_scheduler_steps"]) for e in runs))
-    missing = any(e["wall_over_gpu_busy"] is None for e in runs)
     return (f"\n\nMulti-step engine ({d['gpu'].split()[1]}, {d['date']}, `{d['commit']}`, cold "
             f"prefix cache), tok/s at `num_scheduler_steps` {steps} (tokens a step): "
-            + "; ".join(parts) + "." + (" Wall / GPU busy: not measured (the JSON's note)."
-                                        if missing else ""))
+            + "; ".join(parts) + "." + ("" if measured else
+                                        " Wall / GPU busy: not measured (the JSON's note)."))
 
 
 def serving_section() -> str:
