@@ -32,7 +32,6 @@ FILES = {
     "h200/quant.json": "decode, FP8 / INT4 caches (10)",
     "h200/quant.png": "plot of quant.json",
     "h200/engine.json": "engine suite (09)",
-    "h200/engine_busy.json": "engine wall vs GPU busy (09, 12)",
     "h200/engine.png": "plot of engine.json",
     "h200/engine_multistep.json": "multi-step engine (09)",
     "h200/engine_smollm2_real.json": "engine, SmolLM2's real weights (09)",
