@@ -216,12 +216,13 @@ def profiled_kernels(fn) -> list:
 
 
 def decode_step_events(runner, step) -> list:
-    """The GPU work of one decode step, run eagerly (its CUDA graph holds the same kernels)."""
-    graphs, runner.graphs = runner.graphs, {}
+    """The GPU work of one decode step, run eagerly (its CUDA graph holds the same kernels;
+    piecewise graphs, which would take the step without its own, are set aside too)."""
+    graphs, runner.graphs, piecewise, runner.piecewise = runner.graphs, {}, runner.piecewise, None
     try:
         return profiled_kernels(lambda: runner.execute(step))
     finally:
-        runner.graphs = graphs
+        runner.graphs, runner.piecewise = graphs, piecewise
 
 
 def decode_step_kernels(runner, step) -> list[str]:

@@ -16,15 +16,16 @@ import torch
 
 from paged_course.checks import assert_close
 from paged_course.testing import make_paged_inputs, make_prefill_inputs
-from paged_ref import attention, paged_attention, paged_prefill, plan_decode
+from paged_ref import attention, paged_attention, paged_prefill, plan_decode, planned
 from paged_ref.kernels.triton import decode as triton_decode
 from paged_ref.kernels.triton import split as triton_split
-from tests.conftest import KERNEL_DEVICE
+from tests.conftest import COMPILED, KERNEL_DEVICE
 from tests.mutations.mutate import mutant_of
 
 DEVICE = KERNEL_DEVICE  # (tests/conftest.py: "cuda" where the kernels compile)
 BACKENDS = ["torch", "triton", "triton_split", "auto"]
 SEEDS = range(3)
+CONTIGUOUS, EMPTY = "if out is None:", "torch.empty(q.shape, dtype=q.dtype, device=q.device)"
 
 
 def random_layout(t: torch.Tensor, gen: torch.Generator, unit_last: bool = False) -> torch.Tensor:
@@ -178,22 +179,40 @@ def test_cuda_kernels_take_any_q_layout(fmt):
     assert_close(out, inp.reference(), name=f"cuda {fmt}")
 
 
-# The mistake of scenario 8, planted back: the output allocated like q (q's strides).
+# The mistake of scenario 8, planted back: the output allocated like q (q's strides), where
+# the unplanned Triton call allocates it: in run_plan where the interpreter runs (it checks
+# on the host and runs the plan), in the bound path of planned.py where Triton compiles (it
+# checks on the device and calls the plan's bound launches).
+LIKE_Q = "out = torch.empty_like(q)"
 PLANTED = [
-    (attention, "out = torch.empty(q.shape, dtype=q.dtype, device=q.device)",
-     "out = torch.empty_like(q)", "triton"),
-    (triton_decode, "out = torch.empty(q.shape, dtype=q.dtype, device=q.device)",
-     "out = torch.empty_like(q)", "one pass"),
+    pytest.param(attention, [(f"{CONTIGUOUS}  # NOTE: always contiguous, whatever q's strides"
+                              f"\n        out = {EMPTY}", f"{CONTIGUOUS}\n        {LIKE_Q}")],
+                 "triton", marks=pytest.mark.skipif(COMPILED, reason=(
+                     "where Triton compiles, the unplanned call's output comes from planned.py "
+                     "(the 'bound' case)")), id="triton"),
+    pytest.param(planned, [(f"{CONTIGUOUS}  # NOTE: always contiguous (the signature says q's "
+                            f"shape, dtype, device)\n        out = {EMPTY}",
+                            f"{CONTIGUOUS}\n        {LIKE_Q}"),
+                           (f"if made_out:\n        out = {EMPTY}",
+                            f"if made_out:\n        {LIKE_Q}")],
+                 "triton", marks=pytest.mark.skipif(not COMPILED, reason=(
+                     "the interpreter's unplanned call runs run_plan (the 'triton' case)")),
+                 id="bound"),
+    pytest.param(triton_decode, [(f"out = {EMPTY}", LIKE_Q)], "one pass", id="one pass"),
 ]
 
 
-@pytest.mark.parametrize("module, old, new, where", PLANTED, ids=[p[3] for p in PLANTED])
-def test_planted_output_in_q_strides_is_caught(module, old, new, where, tmp_path, monkeypatch,
+@pytest.mark.parametrize("module, edits, where", PLANTED)
+def test_planted_output_in_q_strides_is_caught(module, edits, where, tmp_path, monkeypatch,
                                                 split_in_chunks_of_8):
-    mutant = mutant_of(module, [(old, new)], tmp_path, monkeypatch)
+    mutant = mutant_of(module, edits, tmp_path, monkeypatch)
     with pytest.raises(AssertionError):
         if module is attention:
             monkeypatch.setitem(globals(), "paged_attention", mutant.paged_attention)
+            test_scenario_8_q_with_non_unit_head_dim_stride("triton", torch.float32, None)
+        elif module is planned:  # (a fresh remembered-plan table: the first call binds)
+            for name in ("call_planned", "call_unplanned"):
+                monkeypatch.setattr(attention, name, getattr(mutant, name))
             test_scenario_8_q_with_non_unit_head_dim_stride("triton", torch.float32, None)
         else:
             monkeypatch.setattr(triton_decode, "paged_attention_triton",

@@ -45,7 +45,8 @@ class Engine:
             its ``close()``); see :mod:`paged_ref.memory.tiers`.
         attention_backend, fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"``, ``"triton"``
             (the attention kernels; the runner's fused layer ops).
-        cuda_graphs: capture decode steps in CUDA graphs (default: on a GPU; True needs one).
+        cuda_graphs: capture decode steps in CUDA graphs, and prefill / mixed steps of up to
+            2,048 tokens piecewise (default: on a GPU; True needs one).
         max_model_len: longest request (prompt + output), >= 1; default the model's context or
             the pool, whichever is smaller.
         eos_token_id: stop token(s), ints; default the model's ``generation_config``'s.
@@ -114,7 +115,8 @@ class Engine:
                                   disk_tier=self.disk_tier,
                                   attention_backend=attention_backend, cuda_graphs=cuda_graphs,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
-                                  kv_format=kv_format, fused_backend=fused_backend)
+                                  kv_format=kv_format, fused_backend=fused_backend,
+                                  max_num_batched_tokens=max_num_batched_tokens)
         self.requests: dict[int, Request] = {}  #: the unfinished requests by id
         self.stats = RunStats()
         self._next_id = 0

@@ -12,9 +12,10 @@ and replaces attention and the cache. A layer is about ten kernels (the ops of
 A step's requests are one flat batch of ``T`` tokens: request ``b`` owns rows
 ``query_start_loc[b]:query_start_loc[b+1]``. On a GPU, steps where every request decodes one
 token replay CUDA graphs captured per batch-size bucket (1, 2, 4, 8, 16, 32, 48, ...), padded
-with rows of length 0 that write to a spare block. Greedy rows take the argmax; sampling rows
-go to :func:`~paged_ref.sampling.sampler.sample`, outside the graph, from its hidden states;
-beam search reads each row's likeliest tokens and their log-probabilities (``top_logprobs``).
+with rows of length 0 that write to a spare block; prefill and mixed steps of up to 2,048
+tokens replay piecewise graphs (:mod:`~paged_ref.models.piecewise`). Greedy rows take the
+argmax; sampling rows go to :func:`~paged_ref.sampling.sampler.sample` (outside the graph, from
+its hidden states); beam search reads the likeliest tokens and log-probs (``top_logprobs``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from paged_ref.memory.storage import PagedKVCache
 from paged_ref.memory.tables import padded_tables, pass_inputs
 from paged_ref.models import fused
 from paged_ref.models.compat import head_dim_of
+from paged_ref.models.piecewise import PiecewiseGraphs
 from paged_ref.sampling.sampler import SamplingBatch, sample
 
 
@@ -77,8 +79,8 @@ class ModelRunner:
         num_blocks, block_size: the scheduler's KV pool (plus one scratch block for padding).
         num_host_blocks, disk_tier: the tiers under the pool (``PagedKVCache``'s).
         attention_backend: ``backend=`` of ``paged_prefill`` / ``plan_decode``.
-        cuda_graphs: capture decode steps (default: on a CUDA device).
-        max_num_seqs, max_model_len: size the CUDA graphs' static buffers.
+        cuda_graphs: capture decode steps, and prefill / mixed steps piecewise (default: on a
+            CUDA device). max_num_seqs, max_model_len, max_num_batched_tokens: their sizes.
         kv_format: a quantised cache format (``paged_ref.QuantizedKV``), or None for plain.
         fused_backend: ``"auto"`` (Triton on a GPU), ``"torch"`` or ``"triton"``.
     """
@@ -87,7 +89,7 @@ class ModelRunner:
                  disk_tier=None, attention_backend: str = "auto",
                  cuda_graphs: bool | None = None, max_num_seqs: int = 256,
                  max_model_len: int = 4096, kv_format: str | None = None,
-                 fused_backend: str = "auto") -> None:
+                 fused_backend: str = "auto", max_num_batched_tokens: int = 2048) -> None:
         cfg = model.config
         if getattr(cfg, "hidden_act", "silu") != "silu":
             raise ValueError(f"model.config.hidden_act must be 'silu' (a Llama MLP), got "
@@ -118,12 +120,15 @@ class ModelRunner:
                               kv_format=getattr(self.cache.k_caches[0], "format", None))
         self.scratch_slot = num_blocks * block_size  # first slot of the padding rows' block
         self.max_blocks_per_seq = blocks_needed(max_model_len, block_size)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # decode steps, by batch bucket
+        self.piecewise: PiecewiseGraphs | None = None  # prefill / mixed steps, by token bucket
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs:
-            with self._on_device():  # capture on the model's GPU, whichever
-                self._capture(graph_buckets(max_num_seqs))  # device is current
+            with self._on_device():  # capture on the model's GPU, whichever device is current
+                self._capture(graph_buckets(max_num_seqs))
+                self.piecewise = PiecewiseGraphs(self, max_num_batched_tokens, max_num_seqs,
+                                                 self._capture_one)
 
     # ---- the forward pass -------------------------------------------------------------------
 
@@ -136,22 +141,33 @@ class ModelRunner:
             attend: ``attend(layer, q)`` runs attention over the cache (after this step's K/V
                 are written) for ``q`` ``[T, Hq, D]`` and returns ``[T, Hq, D]``.
         """
-        inner, backend = self.model.model, self.fused_backend
+        h, x, cos, sin = self._embed(input_ids, positions)
+        for i in range(len(self.layers)):
+            q = self._qkv(i, x, cos, sin, slot_mapping)
+            h, x = self._after_attention(i, h, attend(i, q))
+        return x
+
+    def _embed(self, input_ids, positions):  # (forward's pieces: what piecewise.py captures)
+        """Embeddings ``h`` ``[T, hidden]``, normalised ``x``, rotary ``cos, sin`` ``[T, D]``."""
+        inner = self.model.model
         h = inner.embed_tokens(input_ids)
         cos, sin = inner.rotary_emb(h, positions[None])
-        cos, sin = cos[0], sin[0]  # [T, head_dim]
-        num_tokens = input_ids.shape[0]
         h, x = self._add_norm(h, None, 0)
-        for i, layer in enumerate(self.layers):
-            qkv = F.linear(x, *self.qkv[i])
-            q = fused.rope_write_kv(qkv, cos, sin, self.cache.k_caches[i],
-                                    self.cache.v_caches[i], slot_mapping, self.num_q_heads,
-                                    backend=backend)
-            a = attend(i, q)
-            h, x = self._add_norm(h, layer.self_attn.o_proj(a.reshape(num_tokens, -1)), 2 * i + 1)
-            m = fused.silu_mul(F.linear(x, *self.gate_up[i]), backend=backend)
-            h, x = self._add_norm(h, layer.mlp.down_proj(m), 2 * i + 2)
-        return x
+        return h, x, cos[0], sin[0]
+
+    def _qkv(self, i: int, x, cos, sin, slot_mapping) -> torch.Tensor:
+        """Layer ``i``'s q ``[T, Hq, D]`` rotated; its k (rotated) and v written at the slots."""
+        return fused.rope_write_kv(F.linear(x, *self.qkv[i]), cos, sin, self.cache.k_caches[i],
+                                   self.cache.v_caches[i], slot_mapping, self.num_q_heads,
+                                   backend=self.fused_backend)
+
+    def _after_attention(self, i: int, h, a):
+        """Layer ``i`` after its attention ``a`` ``[T, Hq, D]``: o_proj and the MLP, each
+        added to the residual ``h``; returns ``(h, x)``, ``x`` normalised for what follows."""
+        layer = self.layers[i]
+        h, x = self._add_norm(h, layer.self_attn.o_proj(a.reshape(a.shape[0], -1)), 2 * i + 1)
+        m = fused.silu_mul(F.linear(x, *self.gate_up[i]), backend=self.fused_backend)
+        return self._add_norm(h, layer.mlp.down_proj(m), 2 * i + 2)
 
     def _add_norm(self, h, delta, norm_index: int):
         """``h + delta`` and its normalisation by ``self.norms[norm_index]``."""
@@ -233,6 +249,10 @@ class ModelRunner:
                 return tokens[:batch], hidden[:batch]
             rows = torch.tensor(step.sample_rows, device=dev)
             return tokens[:batch][rows], hidden[:batch][rows]
+        bucket = self.piecewise.bucket_of(step) if self.piecewise is not None else None
+        if bucket is not None:  # (a prefill / mixed step of up to PIECEWISE_MAX_TOKENS)
+            with self._on_device():
+                return self.piecewise.run(step, bucket, self._attend(step))
         ids, pos, slots = torch.tensor([step.input_ids, step.positions,
                                         step.slot_mapping]).to(dev)
         last = torch.tensor([step.query_start_loc[b + 1] - 1 for b in step.sample_rows],

@@ -24,3 +24,20 @@ def tiny():
     from paged_bench.engine import build_model
 
     return build_model("tiny", dtype=torch.float32, device="cpu", seed=1)
+
+
+@pytest.fixture(scope="module")
+def varied():
+    """``tiny``'s shape with weights 15x larger, so its greedy tokens vary (``tiny``'s repeat
+    one token, which hides a token recorded one place off); no EOS in its generation config."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from paged_bench.engine import SHAPES
+
+    cfg = LlamaConfig(**SHAPES["tiny"], max_position_embeddings=512, initializer_range=0.3,
+                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    return model

@@ -3,7 +3,10 @@ package at nano-vllm's scale, and no pass-through layer (``ops.py`` renamed libr
 engine calls ``paged_ref``). Issue 33 set the package at 1,200 lines (nano-vllm's ~1,200);
 issue 37's multi-step decoding (``num_scheduler_steps``: the lookahead, the passes, their
 update) took it to 1,238 after warm-up and the prompt checks moved to ``models/warmup.py`` and
-``offline.py``: the bar is 1,240, and a feature past it pays for itself in lines."""
+``offline.py``: 1,240. Issue 37's piecewise CUDA graphs for prefill and mixed steps split the
+forward pass into the three pieces they capture (``_embed``, ``_qkv``, ``_after_attention``:
++20 lines; the graphs themselves, their buffers and buckets, are ``models/piecewise.py``): the
+bar is 1,260, and a feature past it pays for itself in lines."""
 
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ def test_every_engine_module_is_at_most_400_lines():
     assert {name: n for name, n in sizes.items() if n > 400} == {}
 
 
-def test_the_engine_package_is_at_most_1240_lines():
+def test_the_engine_package_is_at_most_1260_lines():
     sizes = {p.name: len(p.read_text().splitlines()) for p in FOLDER.glob("*.py")}
-    assert sum(sizes.values()) <= 1240, sizes
+    assert sum(sizes.values()) <= 1260, sizes
 
 
 def test_no_pass_through_module():

@@ -46,21 +46,6 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def varied():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from paged_bench.engine import SHAPES
-
-    cfg = LlamaConfig(**SHAPES["tiny"], max_position_embeddings=512, initializer_range=0.3,
-                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return model
-
-
-@pytest.fixture(scope="module")
 def case(varied):
     prompts, outputs = workload(8, varied.config.vocab_size, seed=11, prompt_mean=9,
                                 output_mean=9, max_len=40)

@@ -67,5 +67,8 @@ for nodeid, result in sorted(outcome.items()):
 print("# slowest files (s, summed over their tests):",
       ", ".join(f"{f} {t:.0f}" for f, t in seconds.most_common(12)))
 PY
-# The cache for the next call (copy it to build/triton_cache.tar.xz and carry it).
-tar -C "$TRITON_CACHE_DIR" -cJf "$OUT/triton_cache.tar.xz" . 2>/dev/null || true
+# The cache for the next call (copy it to build/triton_cache.tar.xz and carry it); a call
+# with no next one (SUITE_CACHE_OUT=0) saves the time it takes (tens of seconds when large).
+if [ "${SUITE_CACHE_OUT:-1}" != 0 ]; then
+    tar -C "$TRITON_CACHE_DIR" -cJf "$OUT/triton_cache.tar.xz" . 2>/dev/null || true
+fi
