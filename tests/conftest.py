@@ -142,8 +142,12 @@ def pytest_runtest_logreport(report):
     """Logs as tests finish, for a GPU run that its time limit may cut off before pytest's own
     summary: with ``PAGED_REF_FAILURE_LOG=<file>`` each failure's traceback, with
     ``PAGED_REF_DURATIONS_LOG=<file>`` each phase's seconds. Only the outer run's own tests:
-    not a nested run's (its failures are planted mistakes, caught), not the controller's copy."""
-    if _SESSIONS["depth"] != 1 or _SESSIONS["controller"]:
+    not a nested run's (its failures are planted mistakes, caught) -- in this process, or in
+    a copy of the course that a test runs pytest in (``PAGED_REF_LOG_ROOT``, the repository
+    whose tests log, where set) -- and not the controller's copy."""
+    root = os.environ.get("PAGED_REF_LOG_ROOT")
+    if _SESSIONS["depth"] != 1 or _SESSIONS["controller"] or (
+            root and Path(root).resolve() != Path(__file__).resolve().parents[1]):
         return
     path = os.environ.get("PAGED_REF_FAILURE_LOG")
     if path and report.failed:

@@ -31,21 +31,25 @@ if [ -f build/triton_cache.tar.xz ]; then
 fi
 if [ -n "${SUITE_SHARD:-}" ]; then
     k=${SUITE_SHARD%/*} n=${SUITE_SHARD#*/}
-    SUITE_TESTS=$(find tests -name 'test_*.py' -not -path 'tests/browser/*' | sort \
+    SUITE_TESTS=$(find tests -name 'test_*.py' -not -path 'tests/browser/*' | LC_ALL=C sort \
         | awk -v k="$k" -v n="$n" '(NR - 1) % n == (k - 1) % n' | tr '\n' ' ')
 fi
 LOG="$OUT/suite.log"
 export PAGED_REF_FAILURE_LOG="$OUT/failures.log"  # tracebacks as they happen (tests/conftest.py)
 export PAGED_REF_DURATIONS_LOG="$OUT/durations.log"  # each test phase's seconds, as they finish
+export PAGED_REF_LOG_ROOT=$PWD  # (only this repository's tests log: not a copy a test runs)
 {
     echo "# pytest tests on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     python3 -c "import sys, torch, triton; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
     echo "# date $(date -u +%Y-%m-%d), commit ${PAGED_REF_COMMIT:-unknown}${SUITE_SHARD:+, shard $SUITE_SHARD}"
 } | tee "$LOG"
 # shellcheck disable=SC2086  (SUITE_TESTS is a list of test paths and ids)
+# --dist load: tests go to workers one by one (with loadfile a file's tests share one worker:
+# tests/test_gpu.py alone took 504 s of a 540 s shard on an H100, 2026-12-08).
 timeout "${SUITE_SECONDS:-540}" python3 -m pytest ${SUITE_TESTS:-tests} --ignore=tests/browser -q -ra \
-    -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist loadfile "$@" 2>&1 \
-    | grep -v "^tests/.*PASSED" | tee -a "$LOG" | tail -25
+    -o addopts="-p no:cacheprovider" -n "${WORKERS:-6}" --dist load "$@" 2>&1 \
+    | grep -v -e "^tests/.*PASSED" -e "PytestBenchmarkWarning" -e "warner(" | tee -a "$LOG" \
+    | tail -25
 # What finished, from the durations log (also when the time limit cut pytest's summary off):
 # the outcomes, and the files that took longest (to plan shards).
 python3 - "$PAGED_REF_DURATIONS_LOG" <<'PY' | tee -a "$LOG"
