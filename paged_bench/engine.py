@@ -15,10 +15,11 @@ file and the ``gguf`` package; the speed should be that of the random-weight sha
 
 Reported per system: output tokens/s, mean time to first token, most requests held at once.
 Then the decode step of the engine at batch 256 against its roofline, ``(weight bytes + KV
-bytes read) / copy bandwidth``; then "more requests fit": the engine with a paged pool against
-the same engine reserving ``max_len`` tokens' blocks per request (``reservation="reserve_max"``,
-Orca Max: ``budget // max_len`` requests at once), across KV budgets, next to lesson 01's
-simulation.
+bytes read) / copy bandwidth``; prefill and mixed steps (``PREFILL_STEPS``) with piecewise
+CUDA graphs and eager, wall time against the GPU's busy time; then "more requests fit": the
+engine with a paged pool against the same engine reserving ``max_len`` tokens' blocks per
+request (``reservation="reserve_max"``, Orca Max: ``budget // max_len`` requests at once),
+across KV budgets, next to lesson 01's simulation.
 
 Writes ``engine.json`` (+ ``engine.png``) to ``--out``. On a CPU it says so and stops.
 """
@@ -299,6 +300,54 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float,
             "kernel_ms_by_name": {k: v / 1e3 for k, v in us_by_name.most_common(12)}}
 
 
+#: The prefill and mixed steps timed with and without piecewise graphs (``prefill_step``):
+#: (name, prompt chunk lengths, decode rows). The last three are what a step under load mixes.
+PREFILL_STEPS = (("prefill_2048", (2048,), 0), ("prefill_8x256", (256,) * 8, 0),
+                 ("mixed_512_127", (512,), 127), ("mixed_64_63", (64,), 63),
+                 ("mixed_16_15", (16,), 15))
+
+
+def prefill_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int = 284) -> dict:
+    """One prefill or mixed step (new prompts of ``prompts`` tokens, then ``decodes`` decode
+    rows at ``decode_len``) through ``runner.execute``, as the engine calls it: the wall time
+    per step (host included, synchronised) and the GPU's busy time, with the runner's piecewise
+    graphs and without (eager), and whether both gave the same tokens."""
+    from paged_ref.engine.runner import StepInputs
+
+    def wall_ms(fn, reps: int = 20) -> float:  # (each step reads its tokens back: a sync)
+        fn()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / reps * 1e3
+
+    runner, bs, pool = engine.runner, engine.block_size, engine.num_blocks
+    step, block = StepInputs([], [], [], [0], [], [], []), itertools.count()
+    for n, start in [(n, 0) for n in prompts] + [(1, decode_len - 1)] * decodes:
+        table = [next(block) % pool for _ in range(blocks_needed(start + n, bs))]
+        step.input_ids += [5] * n
+        step.positions += list(range(start, start + n))
+        step.slot_mapping += [table[t // bs] * bs + t % bs for t in range(start, start + n)]
+        step.query_start_loc.append(len(step.input_ids))
+        step.seq_lens.append(start + n)
+        step.block_tables.append(table)
+    step.sample_rows = list(range(len(step.seq_lens)))
+    row, tokens, piecewise = {"tokens": len(step.input_ids), "requests": len(step.seq_lens)}, {}, \
+        runner.piecewise
+    try:
+        for mode, graphs in (("piecewise", piecewise), ("eager", None)):
+            runner.piecewise = graphs
+            tokens[mode] = runner.execute(step)
+            busy = busy_seconds(profiled_kernels(lambda: runner.execute(step)))
+            row[mode] = {"wall_ms": wall_ms(lambda: runner.execute(step)), "busy_ms": busy * 1e3}
+    finally:
+        runner.piecewise = piecewise
+    row["replayed"] = bool(piecewise and piecewise.bucket_of(step))
+    row["same_tokens"] = tokens["piecewise"] == tokens["eager"]
+    return row
+
+
 def fit_sweep(model, budgets_tokens, n: int, seed: int, max_len: int, block_size: int = 16):
     """Paged vs reserve-max on the same engine: requests held at once and tok/s per budget."""
     from paged_course.simulate import sample_requests, simulate
@@ -472,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
                         result["decode_step"].append({"shape": shape, **decode_step(
                             engine, model, batch, int(row["mean_prompt"]) + args.output_len,
                             result["copy_bw_gbps"], result["matmul_tflops"])})
+                    for step_name, chunks, decodes in PREFILL_STEPS:
+                        result.setdefault("prefill_step", []).append(
+                            {"shape": shape, "step": step_name,
+                             **prefill_step(engine, chunks, decodes)})
                     del engine
                 elif name == "static_generate":
                     row[name] = run_static(model, prompts, args.output_len, args.static_batch)

@@ -55,3 +55,30 @@ def test_each_run_of_the_engine_suite_gets_prompts_the_prefix_cache_never_saw():
     for r, ids in enumerate(rounds):
         for i, p in enumerate(ids):
             assert m.add_sequence((r, i), token_ids=p) == 0, (r, i)
+
+
+def test_prefill_step_times_both_paths_of_the_runner_and_restores_it(monkeypatch):
+    """``prefill_step`` (CPU, tiny model, stand-in graphs): the step it builds replays
+    piecewise, both paths give the same tokens, and the runner keeps its graphs after."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from paged_bench.engine import PREFILL_STEPS, build_model, prefill_step
+    from paged_ref.engine import Engine
+    from paged_ref.engine.runner import ModelRunner
+    from paged_ref.models.piecewise import PiecewiseGraphs
+    from tests.engine.test_runner import FakeGraph
+
+    monkeypatch.setattr(ModelRunner, "_capture_one", staticmethod(
+        lambda step, pool: FakeGraph(step)))
+    engine = Engine(build_model("tiny", dtype=torch.float32, device="cpu"), num_blocks=64,
+                    block_size=16, max_num_seqs=64)
+    runner = engine.runner
+    runner.piecewise = graphs = PiecewiseGraphs(runner, 128, 64, runner._capture_one)
+    row = prefill_step(engine, (64,), 63)
+    assert (row["tokens"], row["requests"]) == (127, 64)
+    assert row["replayed"] and row["same_tokens"]
+    assert row["eager"]["wall_ms"] > 0 and row["piecewise"]["busy_ms"] == 0  # (no GPU)
+    assert runner.piecewise is graphs
+    assert not prefill_step(engine, (200,), 0)["replayed"]  # (past the largest bucket)
+    assert [name for name, _, _ in PREFILL_STEPS][-2:] == ["mixed_64_63", "mixed_16_15"]
