@@ -12,8 +12,9 @@ runs as ``L + 1`` replayed graphs with the ``L`` attentions launched eagerly bet
     graph i:      layer i-1's o_proj + MLP, layer i's qkv + rope/write -> q      (1 <= i < L)
     graph L:      layer L-1's o_proj + MLP, final norm, LM head of the sampled rows
 
-What a step pays on the host drops from about ten kernel launches a layer (each a Python call:
-about 0.35 ms a layer on an H200's host) to one replay and one attention launch a layer. The
+What a step pays on the host drops from about ten kernel launches a layer, each a Python call
+(eager, a 64 + 63-token step took 12.4 ms on an H200's host for 1.5 ms of kernels), to one
+replay and one attention launch a layer. The
 graphs read and write static buffers (``ids``, ``positions``, ``slots``, ``last``, the residual
 ``h``, ``q``, ``attn``, rotary ``cos``/``sin``); padding rows hold token 0 at position 0 and
 write their K/V to the runner's scratch slot, and attention reads only the ``T`` real rows.
