@@ -250,7 +250,7 @@ class ModelRunner:
             rows = torch.tensor(step.sample_rows, device=dev)
             return tokens[:batch][rows], hidden[:batch][rows]
         bucket = self.piecewise.bucket_of(step) if self.piecewise is not None else None
-        if bucket is not None:  # (a prefill / mixed step of up to PIECEWISE_MAX_TOKENS)
+        if bucket is not None:  # (a prefill / mixed step of up to piecewise.MAX_TOKENS)
             with self._on_device():
                 return self.piecewise.run(step, bucket, self._attend(step))
         ids, pos, slots = torch.tensor([step.input_ids, step.positions,
