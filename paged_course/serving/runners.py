@@ -88,7 +88,16 @@ def instrument(engine, *, null: bool = False):
     ``engine.runner`` (idempotent: a wrapped runner is unwrapped first). Returns ``engine``.
 
     NOTE: the engine has no runner argument; replacing its ``runner`` attribute is the least
-    intrusive hook (the engine only calls ``execute`` and reads ``cache`` / ``device``)."""
+    intrusive hook (the engine only calls ``execute`` and reads ``cache`` / ``device``).
+
+    Raises:
+        ValueError: an engine with ``num_scheduler_steps > 1``: its decode steps call
+            ``execute_steps`` (several passes), which the wrappers neither time nor simulate.
+    """
+    steps = getattr(engine, "num_scheduler_steps", 1)
+    if steps != 1:
+        raise ValueError(f"engine.num_scheduler_steps must be 1 to instrument it, got {steps}: "
+                         "the serving wrappers time and simulate one pass a step")
     inner = engine.runner
     while isinstance(inner, _Wrapper):
         inner = inner.inner

@@ -351,6 +351,10 @@ def test_runner_wrappers_report_shapes_and_delegate():
     assert engine.runner.execute(step) == [5, 5]
     (shape, seconds), = engine.runner.times
     assert shape == StepShape(5, 2, 43) and seconds >= 0
+    multi_step = SimpleNamespace(runner=inner, num_scheduler_steps=8)
+    with pytest.raises(ValueError, match="num_scheduler_steps must be 1"):
+        instrument(multi_step)  # (its execute_steps would go untimed, unsimulated)
+    assert multi_step.runner is inner
 
 
 def test_committed_cost_model_or_the_prior(tmp_path, monkeypatch):
