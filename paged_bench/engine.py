@@ -259,17 +259,9 @@ def decode_step(engine, model, batch: int, seq_len: int, copy_bw_gbps: float,
     :func:`step_roofline_ms`'s, where the matmuls may be bound by FLOPs), and the kernels it
     launches (per step and per layer, the embedding and LM head included)."""
     from paged_course.timing import time_ms
-    from paged_ref.engine.runner import StepInputs
 
-    runner, bs, pool = engine.runner, engine.block_size, engine.num_blocks
-    per_seq = blocks_needed(seq_len, bs)
-    # distinct blocks while the pool lasts (ids stay inside it: the planned call reads no
-    # value back, so an id outside the pool would be an illegal memory access)
-    tables = [[(b * per_seq + j) % pool for j in range(per_seq)] for b in range(batch)]
-    step = StepInputs(input_ids=[5] * batch, positions=[seq_len - 1] * batch,
-                      slot_mapping=[t[-1] * bs + (seq_len - 1) % bs for t in tables],
-                      query_start_loc=list(range(batch + 1)), seq_lens=[seq_len] * batch,
-                      block_tables=tables, sample_rows=list(range(batch)))
+    runner = engine.runner
+    step = synthetic_step(engine, (), batch, seq_len)
     ms = time_ms(lambda: runner.execute(step))
     bucket = min((b for b in runner.graphs if b >= batch), default=None)
     graph_ms = time_ms(runner.graphs[bucket].replay) if bucket else None
@@ -307,25 +299,17 @@ PREFILL_STEPS = (("prefill_2048", (2048,), 0), ("prefill_8x256", (256,) * 8, 0),
                  ("mixed_16_15", (16,), 15))
 
 
-def prefill_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int = 284) -> dict:
-    """One prefill or mixed step (new prompts of ``prompts`` tokens, then ``decodes`` decode
-    rows at ``decode_len``) through ``runner.execute``, as the engine calls it: the wall time
-    per step (host included, synchronised) and the GPU's busy time, with the runner's piecewise
-    graphs and without (eager), and whether both gave the same tokens."""
+def synthetic_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int):
+    """A ``StepInputs`` for ``engine``: new prompts of ``prompts`` tokens, then ``decodes``
+    decode rows at ``decode_len`` cached tokens (token 5 everywhere, every row sampled), on
+    distinct blocks while the pool lasts (ids stay inside it: a planned call reads no value
+    back, so an id outside the pool would be an illegal memory access)."""
     from paged_ref.engine.runner import StepInputs
 
-    def wall_ms(fn, reps: int = 20) -> float:  # (each step reads its tokens back: a sync)
-        fn()
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        return (time.perf_counter() - t) / reps * 1e3
-
-    runner, bs, pool = engine.runner, engine.block_size, engine.num_blocks
-    step, block = StepInputs([], [], [], [0], [], [], []), itertools.count()
+    bs, block = engine.block_size, itertools.count()
+    step = StepInputs([], [], [], [0], [], [], [])
     for n, start in [(n, 0) for n in prompts] + [(1, decode_len - 1)] * decodes:
-        table = [next(block) % pool for _ in range(blocks_needed(start + n, bs))]
+        table = [next(block) % engine.num_blocks for _ in range(blocks_needed(start + n, bs))]
         step.input_ids += [5] * n
         step.positions += list(range(start, start + n))
         step.slot_mapping += [table[t // bs] * bs + t % bs for t in range(start, start + n)]
@@ -333,6 +317,17 @@ def prefill_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int
         step.seq_lens.append(start + n)
         step.block_tables.append(table)
     step.sample_rows = list(range(len(step.seq_lens)))
+    return step
+
+
+def prefill_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int = 284) -> dict:
+    """One prefill or mixed step (:func:`synthetic_step`) through ``runner.execute``, as the
+    engine calls it: the wall time per step (host included; each step reads its tokens back)
+    and the GPU's busy time, with the runner's piecewise graphs and without (eager), and
+    whether both gave the same tokens."""
+    from paged_course.timing import wall_ms
+
+    runner, step = engine.runner, synthetic_step(engine, prompts, decodes, decode_len)
     row, tokens, piecewise = {"tokens": len(step.input_ids), "requests": len(step.seq_lens)}, {}, \
         runner.piecewise
     try:
@@ -340,7 +335,8 @@ def prefill_step(engine, prompts: tuple[int, ...], decodes: int, decode_len: int
             runner.piecewise = graphs
             tokens[mode] = runner.execute(step)
             busy = busy_seconds(profiled_kernels(lambda: runner.execute(step)))
-            row[mode] = {"wall_ms": wall_ms(lambda: runner.execute(step)), "busy_ms": busy * 1e3}
+            row[mode] = {"wall_ms": wall_ms(lambda: runner.execute(step), repeat=20),
+                         "busy_ms": busy * 1e3}
     finally:
         runner.piecewise = piecewise
     row["replayed"] = bool(piecewise and piecewise.bucket_of(step))

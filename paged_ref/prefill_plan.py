@@ -51,7 +51,7 @@ class PrefillPlan:
     (every sequence has one query row: the decode kernels of ``decode``, faster there).
     Host lengths per sequence: ``query_lens`` (query rows) and ``seq_lens`` (cache tokens).
     ``launches``: the Triton backend's kernel launches (``plan_launches``: a mixed batch's
-    row ids already on the device), the same for every layer."""
+    row ids already on the device), the same for every layer; None: worked out at the call."""
 
     backend: str
     query_lens: tuple[int, ...]
@@ -66,7 +66,7 @@ class PrefillPlan:
     scale: float | None
     kv_format: KVFormat | None = None
     decode: DecodePlan | None = None
-    launches: tuple = field(default=(), compare=False, repr=False)
+    launches: tuple | None = field(default=None, compare=False, repr=False)
 
     @property
     def batch(self) -> int:
@@ -147,7 +147,7 @@ def plan_prefill(
             raise ValueError(UNREADABLE)
     decode = plan_decode(lens, **sizes, dtype=dtype, device=device, scale=scale,
                          kv_format=kv_format) if backend == "decode" else None
-    launches = ()
+    launches = None
     if backend == "triton":
         from paged_ref.kernels.triton.prefill import plan_launches
 

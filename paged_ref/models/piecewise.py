@@ -83,10 +83,10 @@ class PiecewiseGraphs:
 
     def bucket_of(self, step) -> int | None:
         """The bucket ``step`` (a ``StepInputs``) replays, or None (it runs eagerly)."""
-        tokens = len(step.input_ids)
-        bucket = next((b for b in self.buckets if b >= tokens), None)
-        return bucket if bucket is not None and len(step.sample_rows) <= self.rows(bucket) \
-            else None
+        bucket = next((b for b in self.buckets if b >= len(step.input_ids)), None)
+        if bucket is None or len(step.sample_rows) > self.rows(bucket):
+            return None
+        return bucket
 
     @torch.inference_mode()
     def _piece(self, n: int, piece: int) -> None:
